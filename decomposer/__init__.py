@@ -1,0 +1,53 @@
+"""decomposer: rewrite custom ONNX nodes into standard ONNX ops, so stock runtimes run them.
+
+In: an exported ``.onnx`` model holding opaque nodes such as ``custom.ops::AffineGrid`` or
+torch's ``org.pytorch.aten`` fallbacks. Out: an equivalent model of standard ONNX ops at the
+model's own opset.
+
+Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_file`,
+:func:`load_model`, :func:`save_model`, :func:`register`, :class:`Pattern`, :class:`Attr`,
+:class:`Reject`, :class:`Report`, and the :class:`DecomposerError` family.
+"""
+
+from __future__ import annotations
+
+from decomposer.api import decompose, decompose_file, decompose_with_report, register
+from decomposer.errors import (
+    CheckFailedError,
+    DecomposerError,
+    InvalidModelError,
+    ModelIOError,
+    PatternError,
+    UnsupportedNodeError,
+    VerificationError,
+)
+from decomposer.modelio import load_model, save_model
+from decomposer.pattern import Attr, MatchedNode, Pattern, Reject
+from decomposer.registry import Registry, default_registry
+from decomposer.report import Report
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attr",
+    "CheckFailedError",
+    "DecomposerError",
+    "InvalidModelError",
+    "MatchedNode",
+    "ModelIOError",
+    "Pattern",
+    "PatternError",
+    "Registry",
+    "Reject",
+    "Report",
+    "UnsupportedNodeError",
+    "VerificationError",
+    "__version__",
+    "decompose",
+    "decompose_file",
+    "decompose_with_report",
+    "default_registry",
+    "load_model",
+    "register",
+    "save_model",
+]

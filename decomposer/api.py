@@ -1,0 +1,86 @@
+"""The library entry points.
+
+In: an ``onnx.ModelProto`` (``decompose``) or a model file path (``decompose_file``).
+Out: a new model in which every custom node a pattern knows is replaced by standard ONNX
+ops, and a :class:`decomposer.report.Report`. The input model is never mutated. Every
+error raised derives from :class:`decomposer.DecomposerError`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+from decomposer import engine
+from decomposer.modelio import load_model, save_model
+from decomposer.pattern import Pattern
+from decomposer.plugins import current_target
+from decomposer.registry import Registry, default_registry
+from decomposer.report import Report
+
+
+def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
+              registry: Registry | None = None) -> onnx.ModelProto:
+    """Return a copy of ``model`` with every decomposable custom node rewritten.
+
+    ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
+    :class:`UnsupportedNodeError`; ``check`` runs ``onnx.checker`` (full_check) on the result.
+    """
+    out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
+                        check=check)
+    return out
+
+
+def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = False,
+                          check: bool = True,
+                          registry: Registry | None = None) -> tuple[onnx.ModelProto, Report]:
+    """Like :func:`decompose`, also returning the report."""
+    return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
+                      check=check)
+
+
+def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
+                   allow_unsupported: bool = False, check: bool = True,
+                   registry: Registry | None = None, dry_run: bool = False) -> Report:
+    """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
+
+    External weights are streamed from ``src``'s folder into ``<dst name>.data``.
+    ``dst`` may equal ``src``. Nothing is written when an error is raised.
+    """
+    model = load_model(src)
+    out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
+                             check=check)
+    report.input_path = str(src)
+    report.output_path = None if dst is None else str(dst)
+    report.dry_run = dry_run or dst is None
+    if not report.dry_run:
+        save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]
+    return report
+
+
+def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool = False,
+             registry: Registry | None = None, source: str | None = None):  # type: ignore[no-untyped-def]
+    """Register a pattern instance or class with the default registry.
+
+    Usable as ``register(MyPattern())`` or as a class decorator ``@register`` /
+    ``@register(override=True)``. A clash with an existing pattern on the same
+    (domain, op_type) raises :class:`PatternError` unless ``override=True``.
+    """
+
+    def apply(target: Pattern | type[Pattern]):  # type: ignore[no-untyped-def]
+        instance = target() if isinstance(target, type) else target
+        loading = current_target()  # inside --patterns / entry-point import: attribute to it
+        if loading is not None and registry is None:
+            label, target_registry, loading_override = loading
+            target_registry.register(instance, source=source or label,
+                                     override=override or loading_override)
+        else:
+            (registry or default_registry()).register(instance, source=source or "user",
+                                                      override=override)
+        return target
+
+    if pattern is None:
+        return apply
+    return apply(pattern)

@@ -1,0 +1,212 @@
+"""Opset-aware construction of replacement subgraphs.
+
+In: the model's default-domain opset, a name allocator, and the replaced node's name.
+Out: a list of standard ONNX ``NodeProto`` s, appended in topological order as a pattern
+calls the methods below.
+
+Every op whose signature changed between opsets (Unsqueeze, Squeeze, Reduce*, Split,
+Slice, Clip, Pad) is spelled here and only here, so patterns never branch on the opset for
+spelling. Constants are emitted as ``Constant`` nodes, not initializers, because the same
+subgraph must be valid inside If/Loop/Scan bodies and model-local functions, where
+initializers are not allowed or not visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+MIN_OPSET = 11
+
+# ONNX element type of each numpy dtype the builder creates constants for.
+_NP_TO_ONNX = {
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.int8): TensorProto.INT8,
+    np.dtype(np.int16): TensorProto.INT16,
+    np.dtype(np.int32): TensorProto.INT32,
+    np.dtype(np.int64): TensorProto.INT64,
+    np.dtype(np.uint8): TensorProto.UINT8,
+    np.dtype(np.uint16): TensorProto.UINT16,
+    np.dtype(np.uint32): TensorProto.UINT32,
+    np.dtype(np.uint64): TensorProto.UINT64,
+    np.dtype(np.bool_): TensorProto.BOOL,
+}
+
+
+def onnx_dtype(np_dtype: Any) -> int:
+    """ONNX element type for a numpy dtype."""
+    return _NP_TO_ONNX[np.dtype(np_dtype)]
+
+
+def numpy_dtype(onnx_type: int) -> np.dtype:
+    """numpy dtype for an ONNX element type."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
+
+
+class NameAllocator:
+    """Hands out names that collide with nothing already in the model, deterministically.
+
+    ``fresh("a/b")`` returns ``"a/b"`` if free, else ``"a/b_1"``, ``"a/b_2"``, ...
+    """
+
+    def __init__(self, taken: Iterable[str] = ()) -> None:
+        self._taken: set[str] = set(taken)
+        self._next_suffix: dict[str, int] = {}
+
+    def reserve(self, name: str) -> None:
+        self._taken.add(name)
+
+    def fresh(self, base: str) -> str:
+        if base not in self._taken:
+            self._taken.add(base)
+            return base
+        suffix = self._next_suffix.get(base, 1)
+        while f"{base}_{suffix}" in self._taken:
+            suffix += 1
+        name = f"{base}_{suffix}"
+        self._next_suffix[base] = suffix + 1
+        self._taken.add(name)
+        return name
+
+
+class Builder:
+    """Emits standard ONNX nodes for one replaced node.
+
+    ``prefix`` (the replaced node's name) starts every new node and tensor name, so a
+    reader of the output can tell where each node came from.
+    """
+
+    def __init__(
+        self,
+        opset: int,
+        prefix: str,
+        tensor_names: NameAllocator,
+        node_names: NameAllocator,
+    ) -> None:
+        if opset < MIN_OPSET:
+            raise ValueError(f"opset {opset} is below the minimum {MIN_OPSET}")
+        self.opset = opset
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self._tensor_names = tensor_names
+        self._node_names = node_names
+        self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+
+    # -- generic -------------------------------------------------------------------------
+
+    def op(
+        self,
+        op_type: str,
+        *inputs: str,
+        hint: str | None = None,
+        out: str | None = None,
+        **attrs: Any,
+    ) -> str:
+        """Append one single-output node and return its output name.
+
+        ``out`` writes into an existing name (the replaced node's output); otherwise a new
+        name is derived from ``prefix`` and ``hint``.
+        """
+        return self.op_multi(op_type, list(inputs), 1, hint=hint, outs=[out] if out else None,
+                             **attrs)[0]
+
+    def op_multi(
+        self,
+        op_type: str,
+        inputs: Sequence[str],
+        num_outputs: int,
+        *,
+        hint: str | None = None,
+        outs: Sequence[str] | None = None,
+        **attrs: Any,
+    ) -> list[str]:
+        """Append one node with ``num_outputs`` outputs and return their names."""
+        base = f"{self.prefix}/{hint or op_type}"
+        node_name = self._node_names.fresh(base)
+        if outs is None:
+            outs = [self._tensor_names.fresh(f"{base}_out{i}" if num_outputs > 1 else base)
+                    for i in range(num_outputs)]
+        node = helper.make_node(op_type, list(inputs), list(outs), name=node_name, **attrs)
+        self.nodes.append(node)
+        return list(outs)
+
+    def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
+        """A ``Constant`` node holding ``value``; equal constants are emitted once."""
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        cached = self._constants.get(key)
+        if cached is not None:
+            return cached
+        name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
+        tensor = numpy_helper.from_array(array, name=name)
+        node = helper.make_node("Constant", [], [name], name=self._node_names.fresh(name),
+                                value=tensor)
+        self.nodes.append(node)
+        self._constants[key] = name
+        return name
+
+    def ints(self, values: Sequence[int] | int, hint: str = "ints") -> str:
+        """An int64 constant: a 1-D tensor from a sequence, a scalar from an int."""
+        return self.const(np.asarray(values, dtype=np.int64), hint=hint)
+
+    # -- ops whose spelling depends on the opset --------------------------------------------
+
+    def cast(self, x: str, to: int, hint: str = "cast", out: str | None = None) -> str:
+        return self.op("Cast", x, to=to, hint=hint, out=out)
+
+    def unsqueeze(self, x: str, axes: Sequence[int], hint: str = "unsqueeze") -> str:
+        # Unsqueeze-13 moved `axes` from an attribute to an input.
+        if self.opset >= 13:
+            return self.op("Unsqueeze", x, self.ints(list(axes), "axes"), hint=hint)
+        return self.op("Unsqueeze", x, axes=list(axes), hint=hint)
+
+    def squeeze(self, x: str, axes: Sequence[int], hint: str = "squeeze") -> str:
+        # Squeeze-13 moved `axes` from an attribute to an input.
+        if self.opset >= 13:
+            return self.op("Squeeze", x, self.ints(list(axes), "axes"), hint=hint)
+        return self.op("Squeeze", x, axes=list(axes), hint=hint)
+
+    def reduce(
+        self, op_type: str, x: str, axes: Sequence[int], keepdims: bool = True,
+        hint: str | None = None,
+    ) -> str:
+        """ReduceSum/ReduceMax/...: ReduceSum took `axes` as an input at 13, the rest at 18."""
+        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        if axes_as_input:
+            return self.op(op_type, x, self.ints(list(axes), "axes"), keepdims=int(keepdims),
+                           hint=hint or op_type)
+        return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims),
+                       hint=hint or op_type)
+
+    def slice(
+        self,
+        x: str,
+        starts: Sequence[int],
+        ends: Sequence[int],
+        axes: Sequence[int],
+        steps: Sequence[int] | None = None,
+        hint: str = "slice",
+        out: str | None = None,
+    ) -> str:
+        # From opset 10 on, Slice takes starts/ends/axes/steps as inputs.
+        inputs = [x, self.ints(list(starts), "starts"), self.ints(list(ends), "ends"),
+                  self.ints(list(axes), "slice_axes")]
+        if steps is not None:
+            inputs.append(self.ints(list(steps), "steps"))
+        return self.op("Slice", *inputs, hint=hint, out=out)
+
+    def split(self, x: str, sizes: Sequence[int], axis: int, hint: str = "split") -> list[str]:
+        # Split-13 moved `split` from an attribute to an input.
+        if self.opset >= 13:
+            return self.op_multi("Split", [x, self.ints(list(sizes), "split")], len(sizes),
+                                 axis=axis, hint=hint)
+        return self.op_multi("Split", [x], len(sizes), axis=axis, split=list(sizes), hint=hint)
+
+    def identity(self, x: str, out: str, hint: str = "identity") -> str:
+        return self.op("Identity", x, hint=hint, out=out)

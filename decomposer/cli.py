@@ -1,0 +1,162 @@
+"""The command line: ``decomposer IN OUT`` / ``python -m decomposer IN OUT``.
+
+In: ``argv`` (a list of strings). Out: an exit code, one summary line on stdout, and errors
+as one clear line (per offending node, for unsupported nodes) on stderr.
+
+Exit codes: 0 ok; 1 verification failed; 2 bad input or usage; 3 unsupported nodes remain;
+4 internal error (the output failed onnx.checker, or a pattern crashed); 5 cannot write the
+output. Only ``--debug`` shows a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from decomposer import __version__
+from decomposer.api import decompose_file
+from decomposer.errors import DecomposerError, ModelIOError, UnsupportedNodeError
+from decomposer.plugins import load_pattern_source
+from decomposer.registry import default_registry
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_INTERNAL = 4
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decomposer",
+        description="Rewrite custom ONNX nodes (AffineGrid, torch ATen fallbacks, rotations, "
+                    "...) into standard ONNX ops so stock ONNX Runtime runs the model.",
+        epilog="exit codes: 0 ok, 1 verification failed, 2 bad input or usage, "
+               "3 unsupported nodes remain, 4 internal error, 5 cannot write output",
+    )
+    parser.add_argument("input", nargs="?", help="model to read (.onnx)")
+    parser.add_argument("output", nargs="?", help="model to write (may equal INPUT)")
+    parser.add_argument("--list-patterns", action="store_true",
+                        help="list the available patterns and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="report what would change; write nothing")
+    parser.add_argument("--report", metavar="FILE.json",
+                        help="write a JSON report (counts, unsupported nodes, opset)")
+    parser.add_argument("--allow-unsupported", action="store_true",
+                        help="keep nodes no pattern can rewrite (warn, exit 0)")
+    parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="load extra patterns from a .py file or module (repeatable)")
+    parser.add_argument("--override", action="store_true",
+                        help="let --patterns replace built-in patterns for the same op")
+    parser.add_argument("--no-check", action="store_true",
+                        help="skip onnx.checker (full_check) on the result")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print errors only")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="print each replaced node")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks")
+    parser.add_argument("--version", action="version", version=f"decomposer {__version__}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(list(argv) if argv is not None else None)
+    except SystemExit as exit_:  # argparse already printed usage/--help/--version
+        return int(exit_.code or 0)
+    logging.basicConfig(level=logging.DEBUG if args.debug else
+                        logging.INFO if args.verbose else logging.WARNING,
+                        format="decomposer: %(levelname)s: %(message)s")
+    try:
+        return _run(args, parser)
+    except DecomposerError as exc:
+        if args.debug:
+            traceback.print_exc()
+        _print_error(exc)
+        report = getattr(exc, "report", None)
+        if args.report and report is not None:
+            _write_report(args.report, report.to_dict())
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("decomposer: interrupted; nothing written", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a bug: one line, unless --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"decomposer: internal error: {type(exc).__name__}: {exc} "
+              f"(rerun with --debug for a traceback and please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    registry = default_registry().copy()
+    for source in args.patterns:
+        load_pattern_source(source, registry, override=args.override)
+    if args.list_patterns:
+        for entry in registry:
+            pattern = entry.pattern
+            domains = "any domain" if pattern.domains is None else ", ".join(
+                sorted(d or "<default>" for d in pattern.domains))
+            aten = f"; ATen {pattern.aten_operator}" if pattern.aten_operator else ""
+            print(f"{pattern.name:<16} [{entry.source}] ({domains}{aten}) {pattern.summary}")
+        return EXIT_OK
+    if not args.input:
+        parser.print_usage(sys.stderr)
+        print("decomposer: error: give INPUT and OUTPUT (or --list-patterns)", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.output and not args.dry_run:
+        parser.print_usage(sys.stderr)
+        print("decomposer: error: give OUTPUT, or --dry-run to only report", file=sys.stderr)
+        return EXIT_USAGE
+    if args.report and args.output and _same_file(args.report, args.output):
+        print("decomposer: error: --report would overwrite the output model", file=sys.stderr)
+        return EXIT_USAGE
+    if args.dry_run and args.output and not args.quiet:
+        print("decomposer: warning: --dry-run given: OUTPUT will not be written",
+              file=sys.stderr)
+    report = decompose_file(args.input, args.output, allow_unsupported=args.allow_unsupported,
+                            check=not args.no_check, registry=registry, dry_run=args.dry_run)
+    if args.report:
+        _write_report(args.report, report.to_dict())
+    if not args.quiet:
+        if args.verbose:
+            for node in report.replaced:
+                print(f"  {node.pattern}: '{node.name}' ({node.domain or '<default>'}::"
+                      f"{node.op_type}) in {node.graph} -> {node.new_nodes} nodes")
+        for issue in report.unsupported:
+            print(f"decomposer: warning: kept {issue.describe()}", file=sys.stderr)
+        print(report.summary())
+    return EXIT_OK
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
+
+
+def _write_report(path: str, data: dict) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    except OSError as exc:
+        raise ModelIOError(f"{path}: cannot write report: {exc.strerror or exc}") from exc
+
+
+def _print_error(exc: DecomposerError) -> None:
+    if isinstance(exc, UnsupportedNodeError):
+        headline, *nodes = str(exc).splitlines()
+        print(f"decomposer: error: {headline}", file=sys.stderr)
+        for line in nodes:
+            print(f"decomposer: error: {line.strip()}", file=sys.stderr)
+        print("decomposer: error: nothing written; pass --allow-unsupported to keep such "
+              "nodes", file=sys.stderr)
+        return
+    message = " ".join(str(exc).split("\n"))
+    print(f"decomposer: error: {message}", file=sys.stderr)
+
+
+def console_main() -> None:
+    """Entry point of the ``decomposer`` console script."""
+    sys.exit(main())

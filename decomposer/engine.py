@@ -1,0 +1,561 @@
+"""The rewrite engine: find non-standard nodes, ask the registry, splice in standard ops.
+
+In: an ``onnx.ModelProto`` (never mutated) and a :class:`Registry`.
+Out: a new ``ModelProto`` in which every node a pattern could rewrite is replaced by
+standard ONNX ops, plus a :class:`Report`.
+
+How it works:
+- A node is a candidate when it is not a standard op at the opset its domain is imported
+  at (``onnx.defs``) and not a call to a model-local function. The engine looks in the
+  main graph, in every graph-valued attribute (If/Loop/Scan bodies) at any depth, and in
+  model-local functions. It knows no op by name.
+- A replacement subgraph writes the replaced node's own output names, so consumers and
+  graph outputs are untouched. New names start with the replaced node's name and never
+  collide with any name in the model.
+- Everything else is copied as it is, in order. Constant nodes and initializers that fed
+  only replaced nodes are removed, and so are opset imports that only replaced nodes used.
+- A model with no candidate comes back byte-identical, so a second run changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+from onnx import AttributeProto, numpy_helper
+
+from decomposer.builder import MIN_OPSET, Builder, NameAllocator
+from decomposer.errors import CheckFailedError, InvalidModelError, PatternError, UnsupportedNodeError
+from decomposer.pattern import MatchedNode, Reject
+from decomposer.registry import Registry, default_registry
+from decomposer.report import NodeIssue, Report, ReplacedNode
+
+log = logging.getLogger("decomposer")
+
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def _norm_domain(domain: str) -> str:
+    return "" if domain in _DEFAULT_DOMAINS else domain
+
+
+# -- walking ------------------------------------------------------------------------------
+
+
+def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            for index, graph in enumerate(attr.graphs):
+                yield f"{attr.name}[{index}]", graph
+
+
+def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for _, sub in _subgraphs(node):
+            yield from _all_nodes(sub)
+
+
+def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for _, sub in _subgraphs(node):
+            yield from _all_graphs(sub)
+
+
+# -- which nodes are standard ---------------------------------------------------------------
+
+
+class _OpClassifier:
+    """Answers "is this node a standard op?" with a cache, since models repeat ops."""
+
+    def __init__(self, local_functions: set[tuple[str, str]]) -> None:
+        self._local_functions = local_functions
+        self._cache: dict[tuple[str, str, int | None], bool] = {}
+
+    def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
+        domain = _norm_domain(node.domain)
+        if (node.domain, node.op_type) in self._local_functions:
+            return True
+        version = opsets.get(domain)
+        key = (domain, node.op_type, version)
+        known = self._cache.get(key)
+        if known is None:
+            known = version is not None and _has_schema(node.op_type, version, domain)
+            self._cache[key] = known
+        return known
+
+
+def _has_schema(op_type: str, version: int, domain: str) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def _opset_map(imports: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
+    return {_norm_domain(imp.domain): imp.version for imp in imports}
+
+
+# -- what patterns may ask about the graph ------------------------------------------------
+
+
+class _Scope:
+    """One graph being rewritten, with its enclosing scopes for outer-name lookups."""
+
+    def __init__(self, graph: onnx.GraphProto, label: str, parent: _Scope | None) -> None:
+        self.graph = graph
+        self.label = label
+        self.parent = parent
+        self._constants: dict[str, onnx.TensorProto | onnx.NodeProto] | None = None
+
+    def constant_source(self, name: str) -> onnx.TensorProto | onnx.NodeProto | None:
+        scope: _Scope | None = self
+        while scope is not None:
+            if scope._constants is None:
+                scope._constants = {}
+                for init in scope.graph.initializer:
+                    scope._constants[init.name] = init
+                for node in scope.graph.node:
+                    if node.op_type == "Constant" and _norm_domain(node.domain) == "":
+                        for out in node.output:
+                            scope._constants[out] = node
+                # A graph input with the initializer's name may be overridden at run time:
+                # such an initializer is a default, not a constant.
+                for value in scope.graph.input:
+                    scope._constants.pop(value.name, None)
+            found = scope._constants.get(name)
+            if found is not None:
+                return found
+            scope = scope.parent
+        return None
+
+
+class _TypeInfo:
+    """Static types and shapes of tensors, from the model's own annotations plus ONNX shape
+    inference. Inference runs lazily, once, and only if a pattern asks."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self._types: dict[str, onnx.TypeProto] | None = None
+
+    def _load(self) -> dict[str, onnx.TypeProto]:
+        if self._types is not None:
+            return self._types
+        types: dict[str, onnx.TypeProto] = {}
+        inferred = self._model
+        try:
+            inferred = onnx.shape_inference.infer_shapes(_light_copy(self._model))
+        except Exception as exc:  # inference is a best effort; declared types still count
+            log.debug("shape inference failed, using declared types only: %s", exc)
+        for graph in _all_graphs(inferred.graph):
+            for value in [*graph.input, *graph.output, *graph.value_info]:
+                if value.type.HasField("tensor_type"):
+                    types.setdefault(value.name, value.type)
+            for init in graph.initializer:
+                tp = onnx.helper.make_tensor_type_proto(init.data_type, list(init.dims))
+                types.setdefault(init.name, tp)
+        for function in self._model.functions:
+            for value in getattr(function, "value_info", []):
+                if value.type.HasField("tensor_type"):
+                    types.setdefault(value.name, value.type)
+        self._types = types
+        return types
+
+    def tensor_type(self, name: str) -> onnx.TypeProto.Tensor | None:
+        tp = self._load().get(name)
+        return tp.tensor_type if tp is not None else None
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference in which large initializers become typed graph inputs,
+    so inference never copies weight bytes (shape tensors are small and stay)."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    source = model.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    declared = {value.name for value in source.input}
+    for init in source.initializer:
+        small = init.data_location != onnx.TensorProto.EXTERNAL and init.ByteSize() <= 4096
+        if small:
+            graph.initializer.append(init)
+        elif init.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    return light
+
+
+class _NodeContext:
+    """The :class:`decomposer.pattern.MatchContext` handed to ``Pattern.check``."""
+
+    def __init__(self, scope: _Scope, types: _TypeInfo, opset: int) -> None:
+        self._scope = scope
+        self._types = types
+        self.opset = opset
+
+    def constant(self, name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        source = self._scope.constant_source(name)
+        if source is None:
+            return None
+        try:
+            if isinstance(source, onnx.TensorProto):
+                if source.data_location == onnx.TensorProto.EXTERNAL:
+                    return None
+                return numpy_helper.to_array(source)
+            return _constant_node_value(source)
+        except Exception:  # a malformed constant is simply not a usable constant
+            return None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        tensor = self._types.tensor_type(name) if name else None
+        if tensor is None or not tensor.HasField("shape"):
+            const = self.constant(name)
+            return tuple(const.shape) if const is not None else None
+        dims: list[int | str | None] = []
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(dim.dim_value)
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        return tuple(dims)
+
+    def elem_type(self, name: str) -> int | None:
+        tensor = self._types.tensor_type(name) if name else None
+        if tensor is not None and tensor.elem_type:
+            return tensor.elem_type
+        source = self._scope.constant_source(name) if name else None
+        if isinstance(source, onnx.TensorProto):
+            return source.data_type
+        const = self.constant(name)
+        if const is not None:
+            return onnx.helper.np_dtype_to_tensor_dtype(const.dtype)
+        return None
+
+
+def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+    return None
+
+
+# -- the rewrite ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Namespace:
+    """One name space: the main graph with its subgraphs, or one local function."""
+
+    label: str
+    opsets: dict[str, int]
+    graphs: list[onnx.GraphProto] = field(default_factory=list)
+    nodes_before: list[onnx.NodeProto] = field(default_factory=list)
+    orphan_candidates: list[tuple[_Scope, str]] = field(default_factory=list)
+
+
+class _Rewriter:
+    def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report) -> None:
+        self.model = model
+        self.registry = registry
+        self.report = report
+        self.types = _TypeInfo(model)
+        local = {(f.domain, f.name) for f in model.functions}
+        self.classifier = _OpClassifier(local)
+        tensor_names, node_names = _collect_names(model)
+        self.tensor_names = NameAllocator(tensor_names)
+        self.node_names = NameAllocator(node_names)
+
+    def rewrite_graph(self, scope: _Scope, opsets: dict[str, int], ns: _Namespace) -> None:
+        graph = scope.graph
+        new_nodes: list[onnx.NodeProto] = []
+        changed = False
+        for node in graph.node:
+            for attr_label, sub in _subgraphs(node):
+                label = f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"
+                self.rewrite_graph(_Scope(sub, label, scope), opsets, ns)
+            if self.classifier.is_standard(node, opsets):
+                new_nodes.append(node)
+                continue
+            replacement = self._rewrite_node(node, scope, opsets)
+            if replacement is None:
+                new_nodes.append(node)
+                continue
+            new_nodes.extend(replacement)
+            ns.orphan_candidates.extend((scope, name) for name in node.input if name)
+            changed = True
+        if changed:
+            del graph.node[:]
+            graph.node.extend(new_nodes)
+
+    def _rewrite_node(self, node: onnx.NodeProto, scope: _Scope,
+                      opsets: dict[str, int]) -> list[onnx.NodeProto] | None:
+        def reject(reason: str) -> None:
+            self.report.unsupported.append(
+                NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
+
+        found = self.registry.lookup(node)
+        if found is None:
+            reject("no pattern rewrites this op; add one with --patterns FILE "
+                   "(see 'Writing a pattern' in the README) or pass --allow-unsupported")
+            return None
+        pattern, form = found
+        opset = opsets.get("", 0)
+        if opset < MIN_OPSET:
+            reject(f"the model's default opset is {opset}; decomposer emits opset "
+                   f"{MIN_OPSET}+ ops: convert the model first with "
+                   f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
+            return None
+        prefix = node.name or (node.output[0] if node.output else node.op_type)
+        builder = Builder(opset, prefix, self.tensor_names, self.node_names)
+        try:
+            attrs = pattern.match_attributes(node, form)
+            matched = MatchedNode(node, form, attrs)
+            facts = pattern.check(matched, _NodeContext(scope, self.types, opset))
+            pattern.build(builder, matched, facts)
+        except Reject as why:
+            reject(f"pattern {pattern.name}: {why}")
+            return None
+        except Exception as exc:
+            raise PatternError(
+                f"pattern {pattern.name} failed on node '{node.name}' "
+                f"({node.domain or '<default domain>'}::{node.op_type}): "
+                f"{type(exc).__name__}: {exc}") from exc
+        produced = {out for new in builder.nodes for out in new.output}
+        missing = [out for out in node.output if out and out not in produced]
+        if missing:
+            raise PatternError(f"pattern {pattern.name} did not write output(s) {missing} of "
+                               f"node '{node.name}'")
+        self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
+                                                 scope.label, pattern.name,
+                                                 len(builder.nodes)))
+        return builder.nodes
+
+
+def _collect_names(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
+    tensors: set[str] = set()
+    nodes: set[str] = set()
+
+    def visit_nodes(node_list: list[onnx.NodeProto] | object) -> None:
+        for node in node_list:  # type: ignore[attr-defined]
+            nodes.add(node.name)
+            tensors.update(node.input)
+            tensors.update(node.output)
+            for _, sub in _subgraphs(node):
+                visit_graph(sub)
+
+    def visit_graph(graph: onnx.GraphProto) -> None:
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            tensors.add(value.name)
+        tensors.update(init.name for init in graph.initializer)
+        for sparse in graph.sparse_initializer:
+            tensors.add(sparse.values.name)
+        visit_nodes(graph.node)
+
+    visit_graph(model.graph)
+    for function in model.functions:
+        tensors.update(function.input)
+        tensors.update(function.output)
+        visit_nodes(function.node)
+    return tensors, nodes
+
+
+def _used_domains(nodes: Iterator[onnx.NodeProto]) -> set[str]:
+    return {_norm_domain(node.domain) for node in nodes}
+
+
+def _has_candidate(model: onnx.ModelProto, classifier: _OpClassifier) -> bool:
+    opsets = _opset_map(list(model.opset_import))
+    if any(not classifier.is_standard(n, opsets) for n in _all_nodes(model.graph)):
+        return True
+    for function in model.functions:
+        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
+        for node in function.node:
+            if not classifier.is_standard(node, f_opsets):
+                return True
+            for _, sub in _subgraphs(node):
+                if any(not classifier.is_standard(n, f_opsets) for n in _all_nodes(sub)):
+                    return True
+    return False
+
+
+def _validate(model: onnx.ModelProto) -> None:
+    if not isinstance(model, onnx.ModelProto):
+        raise InvalidModelError(f"expected an onnx.ModelProto, got {type(model).__name__}")
+    if model.ir_version <= 0:
+        raise InvalidModelError("the model has no ir_version (0): it is empty or not an ONNX "
+                                "model")
+    if not model.HasField("graph"):
+        raise InvalidModelError("the model has no graph")
+    if "" not in _opset_map(list(model.opset_import)):
+        raise InvalidModelError("the model imports no default-domain opset; every exported "
+                                "model has one (opset_import domain '')")
+
+
+def run(model: onnx.ModelProto, *, registry: Registry | None = None,
+        allow_unsupported: bool = False, check: bool = True) -> tuple[onnx.ModelProto, Report]:
+    """Rewrite ``model``; return the new model and the report. ``model`` is not mutated."""
+    _validate(model)
+    registry = registry or default_registry()
+    opsets = _opset_map(list(model.opset_import))
+    report = Report(opset=opsets[""])
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    local = {(f.domain, f.name) for f in model.functions}
+    if not _has_candidate(out, _OpClassifier(local)):
+        return out, report
+
+    rewriter = _Rewriter(out, registry, report)
+    namespaces: list[_Namespace] = []
+
+    main = _Namespace("main graph", opsets, nodes_before=list(_all_nodes(model.graph)))
+    rewriter.rewrite_graph(_Scope(out.graph, "main graph", None), opsets, main)
+    namespaces.append(main)
+    for function in out.functions:
+        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
+        label = f"function '{function.domain}::{function.name}'"
+        ns = _Namespace(label, f_opsets, nodes_before=[])
+        for node in function.node:
+            ns.nodes_before.append(node)
+            for _, sub in _subgraphs(node):
+                ns.nodes_before.extend(_all_nodes(sub))
+        domains_before = _used_domains(iter(ns.nodes_before))
+        shell = onnx.GraphProto()
+        shell.node.extend(function.node)
+        shell.output.extend(onnx.ValueInfoProto(name=o) for o in function.output)
+        before = len(report.replaced)
+        rewriter.rewrite_graph(_Scope(shell, label, None), f_opsets, ns)
+        if len(report.replaced) > before:
+            _remove_orphans(shell, ns, report)
+            del function.node[:]
+            function.node.extend(shell.node)
+            if not any(_norm_domain(i.domain) == "" for i in function.opset_import):
+                function.opset_import.append(onnx.helper.make_opsetid("", opsets[""]))
+            _drop_unused_imports(function.opset_import, domains_before,
+                                 _used_domains(_function_nodes(function)), report)
+
+    if report.unsupported and not allow_unsupported:
+        lines = "\n  ".join(issue.describe() for issue in report.unsupported)
+        raise UnsupportedNodeError(
+            f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
+            report.unsupported)
+
+    _remove_orphans(out.graph, main, report)
+    _drop_unused_imports(out.opset_import, _used_domains(iter(main.nodes_before)),
+                         _used_domains(_all_nodes(out.graph)), report,
+                         keep=_function_domains(out))
+    if check:
+        _check(out, report)
+    return out, report
+
+
+def _function_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
+    for node in function.node:
+        yield node
+        for _, sub in _subgraphs(node):
+            yield from _all_nodes(sub)
+
+
+def _function_domains(model: onnx.ModelProto) -> set[str]:
+    """Domains a model-level import must keep because local functions' nodes use them."""
+    used: set[str] = set()
+    for function in model.functions:
+        used |= _used_domains(_function_nodes(function))
+        used.add(_norm_domain(function.domain))
+    return used
+
+
+def _drop_unused_imports(imports: object, before: set[str], after: set[str],
+                         report: Report, keep: set[str] | None = None) -> None:
+    """Remove imports of domains that replaced nodes used and nothing uses any more."""
+    gone = (before - after - (keep or set())) - {""}
+    if not gone:
+        return
+    kept = [imp for imp in imports if _norm_domain(imp.domain) not in gone]  # type: ignore[attr-defined]
+    dropped = [imp.domain for imp in imports if _norm_domain(imp.domain) in gone]  # type: ignore[attr-defined]
+    del imports[:]  # type: ignore[index]
+    imports.extend(kept)  # type: ignore[attr-defined]
+    report.dropped_opset_imports.extend(d for d in dropped if d not in report.dropped_opset_imports)
+
+
+def _remove_orphans(root: onnx.GraphProto, ns: _Namespace, report: Report) -> None:
+    """Drop Constant nodes and initializers that fed only replaced nodes."""
+    if not ns.orphan_candidates:
+        return
+    used: set[str] = set()
+    for graph in _all_graphs(root):
+        for node in graph.node:
+            used.update(node.input)
+        used.update(value.name for value in graph.output)
+    by_graph: dict[int, tuple[_Scope, set[str]]] = {}
+    for scope, name in ns.orphan_candidates:
+        if name not in used:
+            by_graph.setdefault(id(scope.graph), (scope, set()))[1].add(name)
+    for scope, names in by_graph.values():
+        graph = scope.graph
+        inputs = {value.name for value in graph.input}
+        drop_nodes = [n for n in graph.node
+                      if n.op_type == "Constant" and _norm_domain(n.domain) == ""
+                      and len(n.output) == 1 and n.output[0] in names]
+        drop_inits = [i for i in graph.initializer if i.name in names and i.name not in inputs]
+        if not drop_nodes and not drop_inits:
+            continue
+        dropped = {n.output[0] for n in drop_nodes} | {i.name for i in drop_inits}
+        keep_nodes = [n for n in graph.node if not (n.op_type == "Constant"
+                                                    and n.output and n.output[0] in dropped
+                                                    and len(n.output) == 1)]
+        keep_inits = [i for i in graph.initializer if i.name not in dropped]
+        keep_info = [v for v in graph.value_info if v.name not in dropped]
+        del graph.node[:]
+        graph.node.extend(keep_nodes)
+        if len(keep_inits) != len(graph.initializer):
+            del graph.initializer[:]
+            graph.initializer.extend(keep_inits)
+        if len(keep_info) != len(graph.value_info):
+            del graph.value_info[:]
+            graph.value_info.extend(keep_info)
+        report.removed_constants += len(dropped)
+
+
+def _check(out: onnx.ModelProto, report: Report) -> None:
+    try:
+        onnx.checker.check_model(out, full_check=True)
+    except Exception as exc:
+        if report.unsupported:
+            # Kept custom nodes in the default domain make the checker fail by design.
+            log.warning("onnx.checker does not accept the output while unsupported nodes "
+                        "remain: %s", _first_line(exc))
+            return
+        hint = ("if the input model is itself invalid apart from its custom nodes, fix it "
+                "or pass --no-check; otherwise this is a decomposer bug: please report it")
+        raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check): "
+                               f"{_first_line(exc)}; {hint}") from exc
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -1,0 +1,58 @@
+"""The one exception family raised by decomposer.
+
+In: nothing; this module only defines classes.
+Out: ``DecomposerError`` and its subclasses. Every error the library raises on purpose
+derives from ``DecomposerError``; each subclass carries the CLI exit code it maps to, so the
+command line never has to guess.
+"""
+
+from __future__ import annotations
+
+
+class DecomposerError(Exception):
+    """Root of every error decomposer raises. ``exit_code`` is what the CLI returns for it."""
+
+    exit_code = 2
+
+
+class InvalidModelError(DecomposerError):
+    """The input is not a usable ONNX model (unreadable, malformed, unsafe, bad options)."""
+
+    exit_code = 2
+
+
+class UnsupportedNodeError(DecomposerError):
+    """Non-standard nodes remain that no pattern can rewrite.
+
+    ``nodes`` holds one :class:`decomposer.report.NodeIssue` per offending node.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, nodes: list | None = None) -> None:
+        super().__init__(message)
+        self.nodes = list(nodes or [])
+
+
+class CheckFailedError(DecomposerError):
+    """The rewritten model failed ``onnx.checker`` or shape inference: a decomposer bug."""
+
+    exit_code = 4
+
+
+class VerificationError(DecomposerError):
+    """The rewritten model computes different numbers from the original."""
+
+    exit_code = 1
+
+
+class ModelIOError(DecomposerError):
+    """Reading or writing a model file failed (permissions, disk, missing folder)."""
+
+    exit_code = 5
+
+
+class PatternError(DecomposerError):
+    """A pattern definition or registration is wrong (duplicate key, bad schema)."""
+
+    exit_code = 2

@@ -1,0 +1,250 @@
+"""Reading and writing model files safely.
+
+In: a path to an ``.onnx`` file (possibly with external-data files beside it).
+Out: ``load_model`` gives a ``ModelProto`` whose external weights are *not* read (only
+their references), plus the folder they live in; ``save_model`` writes a model atomically,
+streaming any external weights from the input's data files into a fresh data file next to
+the output.
+
+Guarantees:
+- Bad input raises :class:`InvalidModelError` with one line that says what is wrong.
+- External-data locations must stay inside the model's folder: absolute paths, ``..``,
+  symlinks and hard-linked files are refused. A tensor that sets both inline data and an
+  external location is refused.
+- Writes go to a temporary file in the target folder, are fsynced, and are moved into
+  place with ``os.replace``, data file first and model file last, so a failed run leaves an
+  existing output untouched and never leaves a half-written file. The input's data files
+  are only read.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, TensorProto
+
+from decomposer.errors import InvalidModelError, ModelIOError
+
+_COPY_CHUNK = 16 << 20
+
+
+def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
+    """Parse ``path`` without reading external weights; raise InvalidModelError if unusable."""
+    source = Path(path)
+    if not source.exists():
+        raise InvalidModelError(f"{source}: no such file")
+    if source.is_dir():
+        raise InvalidModelError(f"{source}: is a directory, expected an .onnx file")
+    try:
+        data = source.read_bytes()
+    except OSError as exc:
+        raise InvalidModelError(f"{source}: cannot read: {exc.strerror or exc}") from exc
+    if not data:
+        raise InvalidModelError(f"{source}: file is empty")
+    try:
+        model = onnx.ModelProto.FromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidModelError(f"{source}: not an ONNX model (protobuf parse failed: "
+                                f"{str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})"
+                                ) from exc
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise InvalidModelError(f"{source}: not an ONNX model (no ir_version or no graph)")
+    for tensor in external_tensors(model):
+        _check_external_reference(tensor, source.parent)
+    return model
+
+
+def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Every tensor in the model that stores its data in an external file."""
+    for tensor in _all_tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            yield tensor
+
+
+def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    def in_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+        yield from graph.initializer
+        for sparse in graph.sparse_initializer:
+            yield sparse.values
+            yield sparse.indices
+        yield from in_nodes(graph.node)
+
+    def in_nodes(nodes: object) -> Iterator[TensorProto]:
+        for node in nodes:  # type: ignore[attr-defined]
+            for attr in node.attribute:
+                if attr.type == AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == AttributeProto.TENSORS:
+                    yield from attr.tensors
+                elif attr.type == AttributeProto.GRAPH:
+                    yield from in_graph(attr.g)
+                elif attr.type == AttributeProto.GRAPHS:
+                    for sub in attr.graphs:
+                        yield from in_graph(sub)
+
+    yield from in_graph(model.graph)
+    for function in model.functions:
+        yield from in_nodes(function.node)
+
+
+def _external_info(tensor: TensorProto) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _check_external_reference(tensor: TensorProto, model_dir: Path) -> Path:
+    """Resolve a tensor's external file inside ``model_dir``; refuse anything that escapes."""
+    info = _external_info(tensor)
+    location = info.get("location", "")
+    where = f"tensor '{tensor.name}'"
+    if tensor.HasField("raw_data") or _has_inline_values(tensor):
+        raise InvalidModelError(f"{where} sets both inline data and an external location "
+                                f"'{location}'; refusing a crafted or corrupt model")
+    if not location:
+        raise InvalidModelError(f"{where} is marked external but names no location")
+    relative = Path(location)
+    if relative.is_absolute() or location.startswith(("/", "\\")) or ".." in relative.parts \
+            or ":" in location:
+        raise InvalidModelError(f"{where}: external location '{location}' leaves the model's "
+                                f"folder; only plain relative names are accepted")
+    target = model_dir / relative
+    try:
+        status = os.lstat(target)
+    except OSError as exc:
+        raise InvalidModelError(f"{where}: external data file '{location}' not found next to "
+                                f"the model ({exc.strerror})") from exc
+    if stat.S_ISLNK(status.st_mode):
+        raise InvalidModelError(f"{where}: external data file '{location}' is a symbolic "
+                                f"link; refusing to follow it")
+    if not stat.S_ISREG(status.st_mode):
+        raise InvalidModelError(f"{where}: external data '{location}' is not a regular file")
+    if status.st_nlink > 1:
+        raise InvalidModelError(f"{where}: external data file '{location}' has "
+                                f"{status.st_nlink} hard links; refusing a file that may "
+                                f"alias one outside the model's folder")
+    real_dir = model_dir.resolve()
+    if real_dir not in target.resolve().parents:
+        raise InvalidModelError(f"{where}: external location '{location}' resolves outside "
+                                f"the model's folder")
+    for key in ("offset", "length"):
+        if key in info and (not info[key].isdigit()):
+            raise InvalidModelError(f"{where}: external {key} '{info[key]}' is not a "
+                                    f"non-negative integer")
+    offset = int(info.get("offset", "0"))
+    length = int(info["length"]) if "length" in info else status.st_size - offset
+    if offset + length > status.st_size:
+        raise InvalidModelError(f"{where}: external data range {offset}+{length} runs past "
+                                f"the end of '{location}' ({status.st_size} bytes)")
+    return target
+
+
+def _has_inline_values(tensor: TensorProto) -> bool:
+    return any(len(getattr(tensor, f)) for f in (
+        "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"))
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
+               source_dir: str | os.PathLike[str] | None = None) -> None:
+    """Write ``model`` to ``path`` atomically.
+
+    External tensors are copied, in order, from their files under ``source_dir`` into one
+    data file named ``<output file name>.data`` next to ``path`` and re-pointed at it.
+    ``model`` itself is not modified. The output folder must exist.
+    """
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise ModelIOError(f"{target}: output folder '{folder}' does not exist; create it "
+                           f"first")
+    if target.is_dir():
+        raise ModelIOError(f"{target}: is a directory; give an output file name")
+    out = model
+    externals = list(external_tensors(model))
+    data_tmp: Path | None = None
+    data_name = target.name + ".data"
+    try:
+        if externals:
+            if source_dir is None:
+                raise ModelIOError("the model has external data but its source folder is "
+                                   "unknown; load it with decomposer.load_model")
+            out = onnx.ModelProto()
+            out.CopyFrom(model)
+            data_tmp = _write_external_data(out, Path(source_dir), folder, data_name)
+        payload = out.SerializeToString(deterministic=True)
+        model_tmp = _write_temp(folder, target.name, [payload])
+        try:
+            if data_tmp is not None:
+                os.replace(data_tmp, folder / data_name)
+                data_tmp = None
+            os.replace(model_tmp, target)
+        except BaseException:
+            model_tmp.unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise ModelIOError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+    except ValueError as exc:  # protobuf refuses to serialize > 2 GiB inline
+        raise ModelIOError(f"{target}: cannot serialize the model: {exc}") from exc
+    finally:
+        if data_tmp is not None:
+            data_tmp.unlink(missing_ok=True)
+
+
+def _write_temp(folder: Path, name: str, chunks: list[bytes]) -> Path:
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return Path(tmp)
+
+
+def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
+                         data_name: str) -> Path:
+    """Stream every external tensor into a fresh temp data file; re-point the tensors."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=folder)
+    tmp_path = Path(tmp)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for tensor in external_tensors(model):
+                source = _check_external_reference(tensor, source_dir)
+                info = _external_info(tensor)
+                offset = int(info.get("offset", "0"))
+                size = os.stat(source).st_size
+                length = int(info["length"]) if "length" in info else size - offset
+                # Keep the 4 KiB alignment onnx uses, so memory-mapping readers stay fast.
+                position = out.tell()
+                aligned = (position + 4095) // 4096 * 4096
+                out.write(b"\0" * (aligned - position))
+                with open(source, "rb") as handle:
+                    handle.seek(offset)
+                    remaining = length
+                    while remaining:
+                        chunk = handle.read(min(_COPY_CHUNK, remaining))
+                        if not chunk:
+                            raise ModelIOError(f"external data for tensor '{tensor.name}' "
+                                               f"ended early in '{source.name}'")
+                        out.write(chunk)
+                        remaining -= len(chunk)
+                kept = [(e.key, e.value) for e in tensor.external_data
+                        if e.key not in ("location", "offset", "length")]
+                del tensor.external_data[:]
+                for key, value in [("location", data_name), ("offset", str(aligned)),
+                                   ("length", str(length)), *kept]:
+                    entry = tensor.external_data.add()
+                    entry.key, entry.value = key, value
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise
+    return tmp_path

@@ -1,0 +1,115 @@
+"""The pattern registry: which pattern answers for which node.
+
+In: ``Pattern`` instances, registered explicitly with the place they came from.
+Out: ``Registry.lookup(node)`` gives the pattern and the node's form (``"native"`` or
+``"aten"``) or None.
+
+Lookup order for a node ``domain::op_type``: the exact (domain, op_type) key, then a
+pattern that accepts any domain for that op_type. torch's ATen fallbacks
+(``org.pytorch.aten::name`` and ``ATen(operator=name)``) are looked up by ATen name.
+Registering two patterns under one key is an error unless ``override=True``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import onnx
+
+from decomposer.errors import PatternError
+from decomposer.pattern import ATEN_DOMAIN, Pattern
+
+_ANY = "*"
+
+
+@dataclass(frozen=True)
+class Entry:
+    pattern: Pattern
+    source: str
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._entries: list[Entry] = []
+        self._by_key: dict[tuple[str, str], Entry] = {}
+
+    def register(self, pattern: Pattern, *, source: str = "built-in",
+                 override: bool = False) -> Pattern:
+        if not isinstance(pattern, Pattern):
+            raise PatternError(f"{pattern!r} is not a decomposer.Pattern instance")
+        if not getattr(type(pattern), "op_type", None):
+            raise PatternError(f"pattern {type(pattern).__name__} does not set op_type")
+        keys = [(domain if domain is not None else _ANY, op) for domain, op in pattern.keys()]
+        if pattern.aten_operator:
+            keys.append((ATEN_DOMAIN, "ATen:" + pattern.aten_operator))
+        entry = Entry(pattern, source)
+        clashes = sorted({self._by_key[k].source + ": " + self._by_key[k].pattern.name
+                          for k in keys if k in self._by_key})
+        if clashes and not override:
+            raise PatternError(
+                f"pattern {pattern.name} from {source} clashes with {', '.join(clashes)} "
+                f"on the same (domain, op_type); pass override=True (CLI: --override) to "
+                f"replace it")
+        if clashes:
+            replaced = {id(self._by_key[k]) for k in keys if k in self._by_key}
+            self._entries = [e for e in self._entries if id(e) not in replaced]
+        for key in keys:
+            self._by_key[key] = entry
+        self._entries.append(entry)
+        return pattern
+
+    def lookup(self, node: onnx.NodeProto) -> tuple[Pattern, str] | None:
+        """(pattern, form) for ``node``, or None when no pattern answers for it."""
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        entry = self._by_key.get((domain, node.op_type)) or self._by_key.get((_ANY, node.op_type))
+        if entry is not None and domain != ATEN_DOMAIN:
+            return entry.pattern, "native"
+        aten_name = _aten_operator(node)
+        if aten_name is not None:
+            aten_entry = self._by_key.get((ATEN_DOMAIN, "ATen:" + aten_name))
+            if aten_entry is not None:
+                return aten_entry.pattern, "aten"
+        if entry is not None:
+            return entry.pattern, "native"
+        return None
+
+    def __iter__(self) -> Iterator[Entry]:
+        return iter(list(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def copy(self) -> Registry:
+        clone = Registry()
+        clone._entries = list(self._entries)
+        clone._by_key = dict(self._by_key)
+        return clone
+
+
+def _aten_operator(node: onnx.NodeProto) -> str | None:
+    """The ATen op name of a torch fallback node, or None if it is not one."""
+    if node.op_type == "ATen":
+        for attr in node.attribute:
+            if attr.name == "operator":
+                return attr.s.decode("utf-8", errors="replace")
+        return None
+    if node.domain == ATEN_DOMAIN:
+        return node.op_type
+    return None
+
+
+_default: Registry | None = None
+
+
+def default_registry() -> Registry:
+    """The process-wide registry: built-in patterns plus those added by ``register``."""
+    global _default
+    if _default is None:
+        from decomposer.patterns import builtin_patterns
+
+        registry = Registry()
+        for pattern in builtin_patterns():
+            registry.register(pattern, source="built-in")
+        _default = registry
+    return _default

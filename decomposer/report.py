@@ -1,0 +1,94 @@
+"""What a decomposition run did, as data.
+
+In: filled in by the engine while it rewrites a model.
+Out: ``Report`` with per-pattern counts, every replaced node, every node left alone with
+the reason, and the opset; ``Report.to_dict()`` is the ``--report FILE.json`` layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeIssue:
+    """A non-standard node that was not rewritten, and why."""
+
+    name: str
+    op_type: str
+    domain: str
+    graph: str
+    reason: str
+
+    def describe(self) -> str:
+        where = f" in {self.graph}" if self.graph != "main graph" else ""
+        label = self.name or "<unnamed>"
+        domain = self.domain or "<default domain>"
+        return f"node '{label}' ({domain}::{self.op_type}){where}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class ReplacedNode:
+    name: str
+    op_type: str
+    domain: str
+    graph: str
+    pattern: str
+    new_nodes: int
+
+
+@dataclass
+class Report:
+    opset: int = 0
+    replaced: list[ReplacedNode] = field(default_factory=list)
+    unsupported: list[NodeIssue] = field(default_factory=list)
+    dropped_opset_imports: list[str] = field(default_factory=list)
+    removed_constants: int = 0
+    input_path: str | None = None
+    output_path: str | None = None
+    dry_run: bool = False
+    verification: Any = None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Replaced nodes per pattern, in a stable order (most first, then by name)."""
+        tally: dict[str, int] = {}
+        for node in self.replaced:
+            tally[node.pattern] = tally.get(node.pattern, 0) + 1
+        return dict(sorted(tally.items(), key=lambda item: (-item[1], item[0])))
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.replaced or self.removed_constants or self.dropped_opset_imports)
+
+    def summary(self) -> str:
+        """The CLI's one-line summary, e.g. ``decomposed 3 nodes (AffineGrid x2, ...)``."""
+        total = len(self.replaced)
+        noun = "node" if total == 1 else "nodes"
+        parts = ", ".join(f"{name} x{count}" for name, count in self.counts.items())
+        head = ("would decompose" if self.dry_run else "decomposed") + f" {total} {noun}"
+        if parts:
+            head += f" ({parts})"
+        if self.output_path and not self.dry_run:
+            head += f" -> {self.output_path}"
+        head += f" (opset {self.opset})"
+        if self.unsupported:
+            head += f"; {len(self.unsupported)} unsupported node(s) kept"
+        return head
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "input": self.input_path,
+            "output": None if self.dry_run else self.output_path,
+            "dry_run": self.dry_run,
+            "opset": self.opset,
+            "counts": self.counts,
+            "replaced": [asdict(n) for n in self.replaced],
+            "unsupported": [asdict(n) for n in self.unsupported],
+            "dropped_opset_imports": list(self.dropped_opset_imports),
+            "removed_constants": self.removed_constants,
+        }
+        if self.verification is not None:
+            data["verification"] = self.verification.to_dict()
+        return data

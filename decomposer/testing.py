@@ -1,0 +1,199 @@
+"""Pattern test kit: prove a pattern against its numpy reference (and an oracle) on ORT.
+
+In: a :class:`Pattern`, a list of :class:`Case` (input arrays plus attributes), and opsets.
+Out: for every case and opset, a single-node model is built, decomposed, checked with
+``onnx.checker.check_model(full_check=True)``, run on stock ONNX Runtime (CPU) for each of
+the case's input sets, and compared with ``pattern.reference`` and, when given, a
+user-supplied ``oracle`` (for example a torch function). Any mismatch raises
+``AssertionError`` naming the case, opset, input set and error. Returns one
+:class:`CaseResult` per (case, opset) so callers can assert more (op types, node counts).
+
+Usage::
+
+    from decomposer.testing import Case, check_pattern
+    check_pattern(MyPattern(), [Case([x], {"k": 1})], opsets=range(11, 21),
+                  oracle=lambda x, k: np.rot90(x, k, axes=(-2, -1)))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from decomposer.api import decompose
+from decomposer.pattern import Pattern
+from decomposer.registry import Registry, default_registry
+
+
+@dataclass
+class Case:
+    """One test case.
+
+    - ``inputs``: arrays for the node's inputs, in order; their dtypes become input types.
+    - ``attrs``: node attributes (Python values; ``None`` means "leave the attribute out").
+    - ``symbolic``: per input index, the axes declared symbolic in the model (others are
+      static, taken from ``inputs``); ``"all"`` makes every axis of every input symbolic.
+    - ``more_inputs``: further input sets run through the same model (dynamic sizes).
+    - ``constant_inputs``: indices of inputs baked into the model as initializers.
+    - ``output_dtype``: the outputs' dtype if it is not the first input's.
+    """
+
+    inputs: Sequence[np.ndarray]
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+    symbolic: Mapping[int, Sequence[int]] | str = field(default_factory=dict)
+    more_inputs: Sequence[Sequence[np.ndarray]] = ()
+    constant_inputs: Sequence[int] = ()
+    output_dtype: Any = None
+    id: str = ""
+
+    def label(self) -> str:
+        if self.id:
+            return self.id
+        shapes = ",".join("x".join(map(str, a.shape)) for a in self.inputs)
+        attrs = ",".join(f"{k}={v}" for k, v in self.attrs.items())
+        return f"({shapes}){' ' + attrs if attrs else ''}"
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    opset: int
+    model: onnx.ModelProto
+    max_abs_error: float
+
+    @property
+    def op_types(self) -> list[str]:
+        return [node.op_type for node in self.model.graph.node]
+
+
+def ir_version_for(opset: int) -> int:
+    """The lowest IR version that can carry ``opset`` (what ONNX Runtime expects)."""
+    return helper.find_min_ir_version_for([helper.make_opsetid("", opset)], True)
+
+
+def single_node_model(op_type: str, domain: str, case: Case, opset: int,
+                      num_outputs: int = 1) -> onnx.ModelProto:
+    """A model holding one ``domain::op_type`` node fed by graph inputs (or initializers)."""
+    graph_inputs, initializers, names = [], [], []
+    for index, array in enumerate(case.inputs):
+        name = f"input{index}"
+        names.append(name)
+        array = np.asarray(array)
+        if index in case.constant_inputs:
+            initializers.append(onnx.numpy_helper.from_array(array, name))
+            continue
+        axes = range(array.ndim) if case.symbolic == "all" else \
+            case.symbolic.get(index, ())  # type: ignore[union-attr]
+        dims = [f"{name}_d{axis}" if axis in axes else size
+                for axis, size in enumerate(array.shape)]
+        graph_inputs.append(helper.make_tensor_value_info(
+            name, helper.np_dtype_to_tensor_dtype(array.dtype), dims))
+    outputs = [f"output{i}" for i in range(num_outputs)]
+    attrs = {k: v for k, v in case.attrs.items() if v is not None}
+    node = helper.make_node(op_type, names, outputs, name=f"{op_type}_under_test",
+                            domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], f"{op_type}_test", graph_inputs,
+        # Output types default to the first input's (true of most ops); shapes are left
+        # for the decomposed graph to infer.
+        [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(
+            np.asarray(case.inputs[0]).dtype if case.output_dtype is None
+            else np.dtype(case.output_dtype)), None) for o in outputs],
+        initializer=initializers)
+    imports = [helper.make_opsetid("", opset)]
+    if domain not in ("", "ai.onnx"):
+        imports.append(helper.make_opsetid(domain, 1))
+    return helper.make_model(graph, opset_imports=imports, ir_version=ir_version_for(opset),
+                             producer_name="decomposer.testing")
+
+
+def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    """Run ``model`` on stock ONNX Runtime (CPU), no custom-op libraries."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    return session.run(None, dict(feeds))
+
+
+def check_pattern(
+    pattern: Pattern,
+    cases: Iterable[Case],
+    opsets: Iterable[int] = range(11, 21),
+    *,
+    domain: str = "custom.test",
+    oracle: Callable[..., Any] | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-5,
+    registry: Registry | None = None,
+) -> list[CaseResult]:
+    """Decompose single-node models of ``pattern``'s op and compare them on ORT.
+
+    ``oracle(*inputs, **attrs)`` returns the expected output(s); the pattern's own
+    ``reference`` is always compared too. ``registry`` defaults to the default registry
+    plus ``pattern`` if it is not in it yet.
+    """
+    registry = registry or _registry_with(pattern)
+    results: list[CaseResult] = []
+    cases = list(cases)
+    for opset in opsets:
+        for case in cases:
+            where = f"{pattern.name} case {case.label()} at opset {opset}"
+            model = single_node_model(pattern.op_type, domain, case, opset,
+                                      pattern.num_outputs)
+            out = decompose(model, registry=registry)
+            leftover = [n.op_type for n in out.graph.node if n.domain not in ("", "ai.onnx")]
+            assert not leftover, f"{where}: custom nodes remain: {leftover}"
+            onnx.checker.check_model(out, full_check=True)
+            worst = 0.0
+            for set_index, inputs in enumerate([case.inputs, *case.more_inputs]):
+                feeds = {f"input{i}": np.asarray(a) for i, a in enumerate(inputs)
+                         if i not in case.constant_inputs}
+                got = run_onnxruntime(out, feeds)
+                attrs = {k: v for k, v in case.attrs.items() if v is not None}
+                expectations = [("reference", pattern.reference(*inputs, **attrs))]
+                if oracle is not None:
+                    expected = oracle(*inputs, **attrs)
+                    expectations.append(("oracle", expected if isinstance(expected, (list, tuple))
+                                         else [expected]))
+                for label, expected_outputs in expectations:
+                    for index, (actual, expected) in enumerate(zip(got, expected_outputs,
+                                                                   strict=True)):
+                        expected = np.asarray(expected)
+                        assert actual.shape == expected.shape, (
+                            f"{where}, input set {set_index}, output {index}: shape "
+                            f"{actual.shape} != {label} {expected.shape}")
+                        assert actual.dtype == expected.dtype, (
+                            f"{where}, input set {set_index}, output {index}: dtype "
+                            f"{actual.dtype} != {label} {expected.dtype}")
+                        error = _max_abs_error(actual, expected)
+                        worst = max(worst, error)
+                        assert np.allclose(actual.astype(np.float64), expected.astype(np.float64),
+                                           atol=atol, rtol=rtol), (
+                            f"{where}, input set {set_index}, output {index}: max abs error "
+                            f"{error:.3g} vs {label} exceeds atol={atol}, rtol={rtol}")
+            results.append(CaseResult(case, opset, out, worst))
+    return results
+
+
+def _max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    if actual.size == 0:
+        return 0.0
+    return float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64))))
+
+
+def _registry_with(pattern: Pattern) -> Registry:
+    registry = default_registry()
+    if any(entry.pattern is pattern for entry in registry):
+        return registry
+    clone = registry.copy()
+    clone.register(pattern, source="test", override=True)
+    return clone
