@@ -40,7 +40,8 @@ class Case:
       static, taken from ``inputs``); ``"all"`` makes every axis of every input symbolic.
     - ``more_inputs``: further input sets run through the same model (dynamic sizes).
     - ``constant_inputs``: indices of inputs baked into the model as initializers.
-    - ``output_dtype``: the outputs' dtype if it is not the first input's.
+    - ``output_dtype`` / ``output_rank``: the outputs' dtype and rank, if not the first
+      input's.
     """
 
     inputs: Sequence[np.ndarray]
@@ -49,6 +50,7 @@ class Case:
     more_inputs: Sequence[Sequence[np.ndarray]] = ()
     constant_inputs: Sequence[int] = ()
     output_dtype: Any = None
+    output_rank: int | None = None
     id: str = ""
 
     def label(self) -> str:
@@ -99,11 +101,13 @@ def single_node_model(op_type: str, domain: str, case: Case, opset: int,
                             domain=domain, **attrs)
     graph = helper.make_graph(
         [node], f"{op_type}_test", graph_inputs,
-        # Output types default to the first input's (true of most ops); shapes are left
-        # for the decomposed graph to infer.
+        # Output type and rank default to the first input's (true of most ops); the dims
+        # are left unknown for the decomposed graph to infer.
         [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(
             np.asarray(case.inputs[0]).dtype if case.output_dtype is None
-            else np.dtype(case.output_dtype)), None) for o in outputs],
+            else np.dtype(case.output_dtype)),
+            [None] * (np.asarray(case.inputs[0]).ndim if case.output_rank is None
+                      else case.output_rank)) for o in outputs],
         initializer=initializers)
     imports = [helper.make_opsetid("", opset)]
     if domain not in ("", "ai.onnx"):
