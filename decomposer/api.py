@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from decomposer import engine
+from decomposer.errors import UnsupportedNodeError
 from decomposer.modelio import load_model, save_model
 from decomposer.pattern import Pattern
 from decomposer.plugins import current_target
@@ -50,8 +51,13 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     ``dst`` may equal ``src``. Nothing is written when an error is raised.
     """
     model = load_model(src)
-    out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                             check=check)
+    try:
+        out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
+                                 check=check)
+    except UnsupportedNodeError as exc:
+        if isinstance(exc.report, Report):
+            exc.report.input_path, exc.report.output_path = str(src), None
+        raise
     report.input_path = str(src)
     report.output_path = None if dst is None else str(dst)
     report.dry_run = dry_run or dst is None

@@ -33,8 +33,9 @@ EXIT_INTERNAL = 4
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decomposer",
-        description="Rewrite custom ONNX nodes (AffineGrid, torch ATen fallbacks, rotations, "
-                    "...) into standard ONNX ops so stock ONNX Runtime runs the model.",
+        description="Rewrite custom ONNX nodes (custom-domain ops, torch ATen fallbacks) into "
+                    "standard ONNX ops so stock ONNX Runtime runs the model. "
+                    "--list-patterns shows which ops are covered.",
         epilog="exit codes: 0 ok, 1 verification failed, 2 bad input or usage, "
                "3 unsupported nodes remain, 4 internal error, 5 cannot write output",
     )

@@ -462,7 +462,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         lines = "\n  ".join(issue.describe() for issue in report.unsupported)
         raise UnsupportedNodeError(
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
-            report.unsupported)
+            report.unsupported, report)
 
     _remove_orphans(out.graph, main, report)
     _drop_unused_imports(out.opset_import, _used_domains(iter(main.nodes_before)),

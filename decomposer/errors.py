@@ -24,14 +24,16 @@ class InvalidModelError(DecomposerError):
 class UnsupportedNodeError(DecomposerError):
     """Non-standard nodes remain that no pattern can rewrite.
 
-    ``nodes`` holds one :class:`decomposer.report.NodeIssue` per offending node.
+    ``nodes`` holds one :class:`decomposer.report.NodeIssue` per offending node, and
+    ``report`` the run's :class:`decomposer.report.Report` (what could be rewritten).
     """
 
     exit_code = 3
 
-    def __init__(self, message: str, nodes: list | None = None) -> None:
+    def __init__(self, message: str, nodes: list | None = None, report: object = None) -> None:
         super().__init__(message)
         self.nodes = list(nodes or [])
+        self.report = report
 
 
 class CheckFailedError(DecomposerError):

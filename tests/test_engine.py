@@ -1,0 +1,263 @@
+"""Engine behaviour independent of any one op: subgraphs, functions, names, cleanup,
+determinism, idempotence, unsupported nodes. Numbers are checked against torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from _helpers import make_model, run_onnxruntime
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer.patterns import builtin_patterns, pattern_modules
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def grid_torch(theta, size, align=0):
+    return F.affine_grid(torch.from_numpy(theta), list(map(int, size)),
+                         align_corners=bool(align)).numpy()
+
+
+def vi(name, elem, dims):
+    """A typed value; ``dims`` None means rank-4 with unknown dims (a 2-D grid)."""
+    return helper.make_tensor_value_info(name, elem, [None] * 4 if dims is None else dims)
+
+
+THETA = vi("theta", TensorProto.FLOAT, ["N", 2, 3])
+SIZE = vi("size", TensorProto.INT64, [4])
+
+
+def affine_node(name, theta="theta", size="size", out="grid", align=0, domain="custom.ops"):
+    return helper.make_node("AffineGrid", [theta, size], [out], name=name, domain=domain,
+                            align_corners=align)
+
+
+def test_if_branches_at_any_depth():
+    then_graph = helper.make_graph([affine_node("then_affine", out="g_then")], "then", [],
+                                   [vi("g_then", TensorProto.FLOAT, None)])
+    # else: a nested If whose branches hold the custom node again (depth 2).
+    inner_then = helper.make_graph([affine_node("inner_affine", out="g_inner", align=1)],
+                                   "inner_then", [], [vi("g_inner", TensorProto.FLOAT, None)])
+    inner_else = helper.make_graph(
+        [helper.make_node("Identity", ["g_inner_alt"], ["g_inner2"], name="id"),
+         affine_node("inner_affine_else", out="g_inner_alt", align=1)][::-1],
+        "inner_else", [], [vi("g_inner2", TensorProto.FLOAT, None)])
+    else_graph = helper.make_graph(
+        [helper.make_node("If", ["cond"], ["g_else"], name="inner_if", then_branch=inner_then,
+                          else_branch=inner_else)],
+        "else", [], [vi("g_else", TensorProto.FLOAT, None)])
+    main = helper.make_node("If", ["cond"], ["grid"], name="outer_if", then_branch=then_graph,
+                            else_branch=else_graph)
+    model = make_model([main], [THETA, SIZE, vi("cond", TensorProto.BOOL, [])],
+                       [vi("grid", TensorProto.FLOAT, None)], 16, extra_opsets=["custom.ops"])
+    out, report = decomposer.decompose_with_report(model)
+    assert len(report.replaced) == 3
+    assert {r.graph.split(" > ")[0] for r in report.replaced} == {"main graph"}
+    onnx.checker.check_model(out, full_check=True)
+    theta = np.random.default_rng(0).normal(size=(2, 2, 3)).astype(np.float32)
+    size = np.array([2, 1, 5, 6], np.int64)
+    for cond, align in [(True, 0), (False, 1)]:
+        (got,) = run_onnxruntime(out, {"theta": theta, "size": size, "cond": np.array(cond)})
+        np.testing.assert_allclose(got, grid_torch(theta, size, align), atol=1e-5)
+
+
+def test_loop_body_with_carried_theta():
+    # Each iteration: grid_i = AffineGrid(theta_i, size); theta_{i+1} = theta_i * 0.5
+    body = helper.make_graph(
+        [affine_node("loop_affine", theta="theta_in", out="grid_i", align=1),
+         helper.make_node("Mul", ["theta_in", "half"], ["theta_out"], name="halve"),
+         helper.make_node("Identity", ["cond_in"], ["cond_out"], name="keep_going")],
+        "body",
+        [vi("iter", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []),
+         vi("theta_in", TensorProto.FLOAT, ["N", 2, 3])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("theta_out", TensorProto.FLOAT, ["N", 2, 3]),
+         vi("grid_i", TensorProto.FLOAT, None)])
+    loop = helper.make_node("Loop", ["trips", "", "theta"], ["theta_last", "grids"],
+                            name="loop", body=body)
+    half = onnx.numpy_helper.from_array(np.array(0.5, np.float32), "half")
+    model = make_model([loop], [THETA, SIZE, vi("trips", TensorProto.INT64, [])],
+                       [vi("theta_last", TensorProto.FLOAT, ["N", 2, 3]),
+                        vi("grids", TensorProto.FLOAT, [None] * 5)],
+                       13, extra_opsets=["custom.ops"], initializers=[half])
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    theta = np.random.default_rng(1).normal(size=(2, 2, 3)).astype(np.float32)
+    size = np.array([2, 3, 4, 7], np.int64)
+    _, grids = run_onnxruntime(out, {"theta": theta, "size": size, "trips": np.array(3)})
+    expected = np.stack([grid_torch(theta * 0.5**i, size, 1) for i in range(3)])
+    np.testing.assert_allclose(grids, expected, atol=1e-5)
+
+
+def test_model_local_function_body():
+    function = helper.make_function(
+        "my.funcs", "MakeGrid", ["t", "s"], ["g"],
+        [helper.make_node("AffineGrid", ["t", "s"], ["g"], name="fn_affine",
+                          domain="custom.ops", align_corners=0)],
+        [helper.make_opsetid("custom.ops", 1)])
+    call = helper.make_node("MakeGrid", ["theta", "size"], ["grid"], name="call",
+                            domain="my.funcs")
+    model = make_model([call], [THETA, SIZE], [vi("grid", TensorProto.FLOAT, None)], 17,
+                       extra_opsets=["my.funcs", "custom.ops"], functions=[function])
+    # Function bodies carry types only through their own value_info.
+    with pytest.raises(decomposer.UnsupportedNodeError, match="element type of theta 't'"):
+        decomposer.decompose(model)
+    model.functions[0].value_info.append(vi("t", TensorProto.FLOAT, ["N", "R", "C"]))
+    with pytest.raises(decomposer.UnsupportedNodeError, match="cannot tell 2-D from 3-D"):
+        decomposer.decompose(model)
+    model.functions[0].value_info.append(vi("s", TensorProto.INT64, [4]))
+    out, report = decomposer.decompose_with_report(model)
+    assert report.replaced[0].graph == "function 'my.funcs::MakeGrid'"
+    assert [i.domain for i in out.functions[0].opset_import] == [""]
+    onnx.checker.check_model(out, full_check=True)
+    theta = np.random.default_rng(2).normal(size=(1, 2, 3)).astype(np.float32)
+    size = np.array([1, 1, 3, 5], np.int64)
+    (got,) = run_onnxruntime(out, {"theta": theta, "size": size})
+    np.testing.assert_allclose(got, grid_torch(theta, size), atol=1e-5)
+
+
+def test_output_is_graph_output_and_feeds_two_consumers():
+    nodes = [affine_node("affine"),
+             helper.make_node("ReduceMax", ["grid"], ["peak"], name="peak", keepdims=0),
+             helper.make_node("Neg", ["grid"], ["neg"], name="neg")]
+    model = make_model(nodes, [THETA, SIZE],
+                       [vi("grid", TensorProto.FLOAT, None), vi("peak", TensorProto.FLOAT, []),
+                        vi("neg", TensorProto.FLOAT, None)], 16, extra_opsets=["custom.ops"])
+    out = decomposer.decompose(model)
+    assert [o.name for o in out.graph.output] == ["grid", "peak", "neg"]
+    assert [n.name for n in out.graph.node][-2:] == ["peak", "neg"]
+    theta = np.random.default_rng(3).normal(size=(2, 2, 3)).astype(np.float32)
+    size = np.array([2, 1, 4, 4], np.int64)
+    grid, peak, neg = run_onnxruntime(out, {"theta": theta, "size": size})
+    expected = grid_torch(theta, size)
+    np.testing.assert_allclose(grid, expected, atol=1e-5)
+    np.testing.assert_allclose(peak, expected.max(), atol=1e-5)
+    np.testing.assert_allclose(neg, -expected, atol=1e-5)
+
+
+def test_new_names_derive_from_node_and_never_collide():
+    # The model already uses names the pattern would pick first.
+    squat = helper.make_node("Identity", ["theta"], ["affine/x"], name="affine/x")
+    squat2 = helper.make_node("Identity", ["size"], ["affine/size_f"], name="affine/size_f")
+    model = make_model([squat, squat2, affine_node("affine")], [THETA, SIZE],
+                       [vi("grid", TensorProto.FLOAT, None),
+                        vi("affine/x", TensorProto.FLOAT, ["N", 2, 3]),
+                        vi("affine/size_f", TensorProto.INT64, [4])],
+                       16, extra_opsets=["custom.ops"])
+    out = decomposer.decompose(model)
+    node_names = [n.name for n in out.graph.node]
+    assert len(node_names) == len(set(node_names))
+    new = [n for n in out.graph.node if n.name not in ("affine/x", "affine/size_f")]
+    assert all(n.name.startswith("affine/") for n in new)
+    produced = [o for n in out.graph.node for o in n.output]
+    assert len(produced) == len(set(produced))
+    onnx.checker.check_model(out, full_check=True)
+
+
+def _seed_model():
+    return onnx.load(ROOT / "tests" / "data" / "stn_custom.onnx")
+
+
+def test_idempotent_deterministic_and_input_untouched():
+    model = _seed_model()
+    before = model.SerializeToString(deterministic=True)
+    once = decomposer.decompose(model)
+    assert model.SerializeToString(deterministic=True) == before
+    again = decomposer.decompose(model)
+    twice = decomposer.decompose(once)
+    first = once.SerializeToString(deterministic=True)
+    assert again.SerializeToString(deterministic=True) == first
+    assert twice.SerializeToString(deterministic=True) == first
+
+
+def test_same_bytes_whatever_the_hash_seed(tmp_path):
+    outputs = []
+    for seed in ("0", "12345"):
+        target = tmp_path / f"out_{seed}.onnx"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-m", "decomposer", str(ROOT / "tests/data/stn_custom.onnx"),
+                        str(target), "-q"], check=True, env=env)
+        outputs.append(target.read_bytes())
+    assert outputs[0] == outputs[1]
+
+
+def test_unrelated_nodes_fields_and_order_survive():
+    model = _seed_model()
+    model.doc_string = "model doc"
+    model.graph.doc_string = "graph doc"
+    helper.set_model_props(model, {"author": "me", "purpose": "test"})
+    model.graph.node[0].doc_string = "conv doc"
+    out = decomposer.decompose(model)
+    assert out.doc_string == "model doc" and out.graph.doc_string == "graph doc"
+    assert [(p.key, p.value) for p in out.metadata_props] == [("author", "me"),
+                                                             ("purpose", "test")]
+    assert out.graph.node[0] == model.graph.node[0]
+    assert out.graph.node[-1] == model.graph.node[-1]
+    assert list(out.graph.initializer) == list(model.graph.initializer)
+    assert list(out.graph.input) == list(model.graph.input)
+    assert list(out.graph.output) == list(model.graph.output)
+    assert out.producer_name == model.producer_name and out.ir_version == model.ir_version
+
+
+def test_unsupported_nodes_are_listed_then_kept_on_request():
+    mystery = helper.make_node("Frobnicate", ["theta"], ["f"], name="mystery", domain="acme")
+    model = make_model([affine_node("affine"), mystery], [THETA, SIZE],
+                       [vi("grid", TensorProto.FLOAT, None), vi("f", TensorProto.FLOAT, ["N", 2, 3])],
+                       16, extra_opsets=["custom.ops", "acme"])
+    with pytest.raises(decomposer.UnsupportedNodeError) as info:
+        decomposer.decompose(model)
+    assert "node 'mystery' (acme::Frobnicate)" in str(info.value)
+    assert isinstance(info.value, decomposer.DecomposerError)
+    out, report = decomposer.decompose_with_report(model, allow_unsupported=True)
+    assert [n.name for n in report.unsupported] == ["mystery"]
+    assert report.counts == {"AffineGrid": 1}
+    # custom.ops is no longer used and is dropped; acme still is and stays.
+    assert [i.domain for i in out.opset_import] == ["", "acme"]
+
+
+def test_model_below_opset_11_is_rejected_with_a_fix():
+    model = make_model([affine_node("affine")], [THETA, SIZE],
+                       [vi("grid", TensorProto.FLOAT, None)], 10, extra_opsets=["custom.ops"])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="convert_version"):
+        decomposer.decompose(model)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda m: setattr(m, "ir_version", 0), "no ir_version"),
+    (lambda m: m.ClearField("graph"), "no graph"),
+    (lambda m: m.ClearField("opset_import"), "no default-domain opset"),
+])
+def test_invalid_models_raise_invalid_model_error(mutate, message):
+    model = _seed_model()
+    mutate(model)
+    with pytest.raises(decomposer.InvalidModelError, match=message):
+        decomposer.decompose(model)
+
+
+def test_every_pattern_module_is_registered():
+    registered = {type(entry.pattern).__module__ for entry in decomposer.default_registry()}
+    assert set(pattern_modules()) <= registered
+    assert len(builtin_patterns()) >= len(pattern_modules())
+
+
+def test_engine_knows_no_op_by_name():
+    core = ["engine.py", "registry.py", "builder.py", "pattern.py", "api.py", "cli.py"]
+    for name in core:
+        text = (ROOT / "decomposer" / name).read_text()
+        for op in ("AffineGrid", "affine_grid", "Rot90", "rot90", "CustomRotScale"):
+            assert op not in text, f"{name} mentions {op}"
+
+
+def test_core_package_never_imports_torch():
+    code = ("import sys, onnx, decomposer, decomposer.cli, decomposer.testing; "
+            f"decomposer.decompose(onnx.load({str(ROOT / 'tests/data/stn_custom.onnx')!r})); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
