@@ -168,6 +168,14 @@ class _TypeInfo:
         self._types = types
         return types
 
+    def record(self, name: str, elem_type: int | None,
+               shape: list[int | str | None] | tuple | None) -> None:
+        """Remember a rewritten node's output type, unless inference already knows it."""
+        types = self._load()
+        if name not in types:
+            types[name] = onnx.helper.make_tensor_type_proto(
+                elem_type or 0, None if shape is None else list(shape))
+
     def tensor_type(self, name: str) -> onnx.TypeProto.Tensor | None:
         tp = self._load().get(name)
         return tp.tensor_type if tp is not None else None
@@ -275,7 +283,7 @@ class _Namespace:
     opsets: dict[str, int]
     graphs: list[onnx.GraphProto] = field(default_factory=list)
     nodes_before: list[onnx.NodeProto] = field(default_factory=list)
-    orphan_candidates: list[tuple[_Scope, str]] = field(default_factory=list)
+    orphan_candidates: set[str] = field(default_factory=set)
 
 
 class _Rewriter:
@@ -306,7 +314,7 @@ class _Rewriter:
                 new_nodes.append(node)
                 continue
             new_nodes.extend(replacement)
-            ns.orphan_candidates.extend((scope, name) for name in node.input if name)
+            ns.orphan_candidates.update(name for name in node.input if name)
             changed = True
         if changed:
             del graph.node[:]
@@ -335,8 +343,10 @@ class _Rewriter:
         try:
             attrs = pattern.match_attributes(node, form)
             matched = MatchedNode(node, form, attrs)
-            facts = pattern.check(matched, _NodeContext(scope, self.types, opset))
+            context = _NodeContext(scope, self.types, opset)
+            facts = pattern.check(matched, context)
             pattern.build(builder, matched, facts)
+            declared = pattern.output_types(matched, context, facts) or []
         except Reject as why:
             reject(f"pattern {pattern.name}: {why}")
             return None
@@ -350,6 +360,9 @@ class _Rewriter:
         if missing:
             raise PatternError(f"pattern {pattern.name} did not write output(s) {missing} of "
                                f"node '{node.name}'")
+        for name, (elem_type, shape) in zip(node.output, declared):
+            if name:
+                self.types.record(name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
                                                  scope.label, pattern.name,
                                                  len(builder.nodes)))
@@ -430,33 +443,23 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         return out, report
 
     rewriter = _Rewriter(out, registry, report)
-    namespaces: list[_Namespace] = []
-
     main = _Namespace("main graph", opsets, nodes_before=list(_all_nodes(model.graph)))
-    rewriter.rewrite_graph(_Scope(out.graph, "main graph", None), opsets, main)
-    namespaces.append(main)
-    for function in out.functions:
-        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
-        label = f"function '{function.domain}::{function.name}'"
-        ns = _Namespace(label, f_opsets, nodes_before=[])
-        for node in function.node:
-            ns.nodes_before.append(node)
-            for _, sub in _subgraphs(node):
-                ns.nodes_before.extend(_all_nodes(sub))
-        domains_before = _used_domains(iter(ns.nodes_before))
-        shell = onnx.GraphProto()
-        shell.node.extend(function.node)
-        shell.output.extend(onnx.ValueInfoProto(name=o) for o in function.output)
-        before = len(report.replaced)
-        rewriter.rewrite_graph(_Scope(shell, label, None), f_opsets, ns)
-        if len(report.replaced) > before:
-            _remove_orphans(shell, ns, report)
-            del function.node[:]
-            function.node.extend(shell.node)
-            if not any(_norm_domain(i.domain) == "" for i in function.opset_import):
-                function.opset_import.append(onnx.helper.make_opsetid("", opsets[""]))
-            _drop_unused_imports(function.opset_import, domains_before,
-                                 _used_domains(_function_nodes(function)), report)
+    functions = [_FunctionJob(function, opsets) for function in out.functions]
+    # Passes: a node whose input types are only known once an upstream custom node is
+    # rewritten (custom -> standard -> custom) is retried with fresh shape inference.
+    # Patterns that declare their output types let plain chains resolve in one pass.
+    while True:
+        replaced_before = len(report.replaced)
+        report.unsupported.clear()
+        rewriter.rewrite_graph(_Scope(out.graph, "main graph", None), opsets, main)
+        for job in functions:
+            job.rewrite(rewriter)
+        progress = len(report.replaced) > replaced_before
+        if not report.unsupported or not progress:
+            break
+        rewriter.types = _TypeInfo(out)
+    for job in functions:
+        job.finish(report, opsets[""])
 
     if report.unsupported and not allow_unsupported:
         lines = "\n  ".join(issue.describe() for issue in report.unsupported)
@@ -464,13 +467,51 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
             report.unsupported, report)
 
-    _remove_orphans(out.graph, main, report)
+    _remove_orphans(list(_all_graphs(out.graph)), main.orphan_candidates, report)
     _drop_unused_imports(out.opset_import, _used_domains(iter(main.nodes_before)),
                          _used_domains(_all_nodes(out.graph)), report,
                          keep=_function_domains(out))
     if check:
         _check(out, report)
     return out, report
+
+
+class _FunctionJob:
+    """Rewrites one model-local function body, in as many passes as the main graph."""
+
+    def __init__(self, function: onnx.FunctionProto, model_opsets: dict[str, int]) -> None:
+        self.function = function
+        self.opsets = {**model_opsets, **_opset_map(list(function.opset_import))}
+        self.label = f"function '{function.domain}::{function.name}'"
+        self.ns = _Namespace(self.label, self.opsets, nodes_before=list(_function_nodes(function)))
+        self.domains_before = _used_domains(iter(self.ns.nodes_before))
+        self.changed = False
+
+    def rewrite(self, rewriter: _Rewriter) -> None:
+        shell = onnx.GraphProto()
+        shell.node.extend(self.function.node)
+        shell.output.extend(onnx.ValueInfoProto(name=o) for o in self.function.output)
+        before = len(rewriter.report.replaced)
+        rewriter.rewrite_graph(_Scope(shell, self.label, None), self.opsets, self.ns)
+        if len(rewriter.report.replaced) > before:
+            self.changed = True
+            del self.function.node[:]
+            self.function.node.extend(shell.node)
+
+    def finish(self, report: Report, default_opset: int) -> None:
+        if not self.changed:
+            return
+        function = self.function
+        shell = onnx.GraphProto()
+        shell.node.extend(function.node)
+        shell.output.extend(onnx.ValueInfoProto(name=o) for o in function.output)
+        _remove_orphans(list(_all_graphs(shell)), self.ns.orphan_candidates, report)
+        del function.node[:]
+        function.node.extend(shell.node)
+        if not any(_norm_domain(i.domain) == "" for i in function.opset_import):
+            function.opset_import.append(onnx.helper.make_opsetid("", default_opset))
+        _drop_unused_imports(function.opset_import, self.domains_before,
+                             _used_domains(_function_nodes(function)), report)
 
 
 def _function_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
@@ -502,34 +543,35 @@ def _drop_unused_imports(imports: object, before: set[str], after: set[str],
     report.dropped_opset_imports.extend(d for d in dropped if d not in report.dropped_opset_imports)
 
 
-def _remove_orphans(root: onnx.GraphProto, ns: _Namespace, report: Report) -> None:
-    """Drop Constant nodes and initializers that fed only replaced nodes."""
-    if not ns.orphan_candidates:
+def _remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
+                    report: Report) -> None:
+    """Drop Constant nodes and initializers that fed only replaced nodes.
+
+    ``graphs`` is one name space (a main graph with all its subgraphs, or a function body
+    wrapped in a graph); ``candidates`` are the replaced nodes' input names.
+    """
+    if not candidates:
         return
     used: set[str] = set()
-    for graph in _all_graphs(root):
+    for graph in graphs:
         for node in graph.node:
             used.update(node.input)
         used.update(value.name for value in graph.output)
-    by_graph: dict[int, tuple[_Scope, set[str]]] = {}
-    for scope, name in ns.orphan_candidates:
-        if name not in used:
-            by_graph.setdefault(id(scope.graph), (scope, set()))[1].add(name)
-    for scope, names in by_graph.values():
-        graph = scope.graph
+    orphans = candidates - used
+    if not orphans:
+        return
+    for graph in graphs:
         inputs = {value.name for value in graph.input}
-        drop_nodes = [n for n in graph.node
-                      if n.op_type == "Constant" and _norm_domain(n.domain) == ""
-                      and len(n.output) == 1 and n.output[0] in names]
-        drop_inits = [i for i in graph.initializer if i.name in names and i.name not in inputs]
-        if not drop_nodes and not drop_inits:
+        dead = {n.output[0] for n in graph.node
+                if n.op_type == "Constant" and _norm_domain(n.domain) == ""
+                and len(n.output) == 1 and n.output[0] in orphans}
+        dead |= {i.name for i in graph.initializer if i.name in orphans and i.name not in inputs}
+        if not dead:
             continue
-        dropped = {n.output[0] for n in drop_nodes} | {i.name for i in drop_inits}
-        keep_nodes = [n for n in graph.node if not (n.op_type == "Constant"
-                                                    and n.output and n.output[0] in dropped
-                                                    and len(n.output) == 1)]
-        keep_inits = [i for i in graph.initializer if i.name not in dropped]
-        keep_info = [v for v in graph.value_info if v.name not in dropped]
+        keep_nodes = [n for n in graph.node if not (n.op_type == "Constant" and
+                                                    len(n.output) == 1 and n.output[0] in dead)]
+        keep_inits = [i for i in graph.initializer if i.name not in dead]
+        keep_info = [v for v in graph.value_info if v.name not in dead]
         del graph.node[:]
         graph.node.extend(keep_nodes)
         if len(keep_inits) != len(graph.initializer):
@@ -538,7 +580,7 @@ def _remove_orphans(root: onnx.GraphProto, ns: _Namespace, report: Report) -> No
         if len(keep_info) != len(graph.value_info):
             del graph.value_info[:]
             graph.value_info.extend(keep_info)
-        report.removed_constants += len(dropped)
+        report.removed_constants += len(dead)
 
 
 def _check(out: onnx.ModelProto, report: Report) -> None:

@@ -197,6 +197,15 @@ class Pattern:
         """Emit standard nodes through ``b``; the last ones must write ``node.outputs``."""
         raise NotImplementedError
 
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Any
+                     ) -> list[tuple[int | None, Sequence[int | str | None] | None]] | None:
+        """Optional: (ONNX element type, shape) of each output, or None if unknown.
+
+        Declaring them lets a custom node fed by this one (a chain of custom nodes, whose
+        outputs ONNX shape inference cannot see through) be rewritten in the same pass.
+        """
+        return None
+
     def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
         """numpy reference of the op's native form, for verification and tests."""
         raise NotImplementedError

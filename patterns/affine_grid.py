@@ -157,6 +157,13 @@ class AffineGrid(Pattern):
             b.cast(b.op("Reshape", flat, shape, hint="grid_f32"), facts.theta_type,
                    hint="grid", out=grid)
 
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[tuple[int | None, list[int | str | None]]]:
+        theta_shape = ctx.shape(node.inputs[0])
+        batch = theta_shape[0] if theta_shape else None
+        k = facts.spatial_rank
+        return [(facts.theta_type, [batch, *([None] * k), k])]
+
     def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
         theta, size = inputs[0], inputs[1]
         return [affine_grid_reference(theta, size, int(attrs.get("align_corners", 0)))]

@@ -261,3 +261,46 @@ def test_core_package_never_imports_torch():
             f"decomposer.decompose(onnx.load({str(ROOT / 'tests/data/stn_custom.onnx')!r})); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_custom_standard_custom_chain_resolves_in_later_pass():
+    # grid -> Neg (standard) -> a rotation: the rotation's input rank is only known once
+    # the AffineGrid is rewritten, so the engine infers again and retries.
+    nodes = [affine_node("affine"),
+             helper.make_node("Neg", ["grid"], ["neg"], name="neg"),
+             helper.make_node("Rot90AndScale", ["neg"], ["rot"], name="rot", domain="custom.ops",
+                              k=1)]
+    model = make_model(nodes, [THETA, SIZE], [vi("rot", TensorProto.FLOAT, None)], 16,
+                       extra_opsets=["custom.ops"])
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {"AffineGrid": 1, "Rot90AndScale": 1}
+    theta = np.random.default_rng(4).normal(size=(1, 2, 3)).astype(np.float32)
+    size = np.array([1, 1, 3, 5], np.int64)
+    (got,) = run_onnxruntime(out, {"theta": theta, "size": size})
+    expected = torch.rot90(-torch.from_numpy(grid_torch(theta, size)), 1, [-2, -1]).numpy()
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+
+def test_aten_constant_inside_subgraph_is_cleaned_up():
+    align = helper.make_node("Constant", [], ["align"], name="align_const",
+                             value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
+    aten = helper.make_node("affine_grid_generator", ["theta", "size", "align"], ["g_then"],
+                            name="aten_affine", domain="org.pytorch.aten")
+    then_graph = helper.make_graph([align, aten], "then", [], [vi("g_then", TensorProto.FLOAT,
+                                                                  None)])
+    else_graph = helper.make_graph([helper.make_node("Neg", ["g0"], ["g_else"], name="n")],
+                                   "else", [], [vi("g_else", TensorProto.FLOAT, None)])
+    model = make_model(
+        [helper.make_node("If", ["cond"], ["grid"], name="if", then_branch=then_graph,
+                          else_branch=else_graph)],
+        [THETA, SIZE, vi("cond", TensorProto.BOOL, []), vi("g0", TensorProto.FLOAT, None)],
+        [vi("grid", TensorProto.FLOAT, None)], 16, extra_opsets=["org.pytorch.aten"])
+    out, report = decomposer.decompose_with_report(model)
+    assert report.removed_constants == 1
+    then_nodes = [n.name for n in out.graph.node[0].attribute[0].g.node]
+    assert "align_const" not in then_nodes
+    theta = np.random.default_rng(5).normal(size=(2, 2, 3)).astype(np.float32)
+    size = np.array([2, 1, 4, 6], np.int64)
+    (got,) = run_onnxruntime(out, {"theta": theta, "size": size, "cond": np.array(True),
+                                   "g0": np.zeros((1, 1, 1, 1), np.float32)})
+    np.testing.assert_allclose(got, grid_torch(theta, size, 1), atol=1e-5)

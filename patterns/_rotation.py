@@ -1,0 +1,113 @@
+"""Shared build for the rotate-and-scale patterns: quarter turns over the last two axes.
+
+In: a tensor of known rank >= 2, a number of quarter turns, the turn direction as torch
+``dims`` (``(-2, -1)`` or ``(-1, -2)``), and a scale.
+Out: standard nodes computing ``torch.rot90(x, k, dims) * scale``:
+
+    k = 0: (nothing)                  k = 2: Slice(H, W reversed)
+    k = 1: Slice(W reversed) -> Transpose(last two)
+    k = 3: Slice(H reversed) -> Transpose(last two)
+    then Mul(scale) unless scale == 1; Identity if nothing else is left to write the output.
+
+Slice with step -1 flips an axis (valid from opset 10); this mirrors torch's own rot90,
+which flips then transposes. Not a pattern module itself (leading underscore).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, numpy_dtype
+from decomposer.pattern import MatchContext, Reject
+
+INT64_MIN = -(2**63)
+
+# Mul's types at every opset >= 11, and the ones Mul-14 added.
+_MUL_TYPES = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
+              TensorProto.INT64, TensorProto.UINT32, TensorProto.UINT64}
+_MUL_TYPES_14 = {TensorProto.INT8, TensorProto.INT16, TensorProto.UINT8, TensorProto.UINT16}
+_FLOAT_TYPES = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE}
+
+
+class RotationFacts(NamedTuple):
+    turns: int  # quarter turns from H toward W, in 0..3
+    shape: tuple[int | str | None, ...]  # the input's static shape (rank known)
+    scale: float
+    elem_type: int | None
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def output_type(self) -> tuple[int | None, tuple[int | str | None, ...]]:
+        """Same dtype; H and W swap for an odd number of turns."""
+        shape = self.shape
+        if self.turns % 2:
+            shape = (*shape[:-2], shape[-1], shape[-2])
+        return self.elem_type, shape
+
+
+def rotation_facts(x: str, turns: int, dims: tuple[int, int], scale: float,
+                   ctx: MatchContext) -> RotationFacts:
+    """Validate the input and normalise the rotation; raises Reject with a reason."""
+    shape = ctx.shape(x)
+    if shape is None:
+        raise Reject(f"the rank of input '{x}' is unknown; give it a static rank (value_info "
+                     f"or a typed graph input) so the last two axes can be transposed")
+    if len(shape) < 2:
+        raise Reject(f"input '{x}' has rank {len(shape)}; rotating needs rank >= 2")
+    if not np.isfinite(scale):
+        raise Reject(f"scale {scale} is not finite")
+    # dims (-1, -2) turns the other way: rot90(x, k, (-1, -2)) == rot90(x, -k, (-2, -1)).
+    normalized = (turns if dims == (-2, -1) else -turns) % 4
+    elem_type = ctx.elem_type(x)
+    if scale != 1.0:
+        if elem_type is None:
+            raise Reject(f"the element type of input '{x}' is unknown, so the scale constant "
+                         f"cannot be typed; give the input a typed value_info")
+        allowed = _MUL_TYPES | (_MUL_TYPES_14 if ctx.opset >= 14 else set())
+        name = TensorProto.DataType.Name(elem_type).lower()
+        if elem_type not in allowed:
+            raise Reject(f"cannot scale a {name} tensor at opset {ctx.opset}")
+        if elem_type not in _FLOAT_TYPES and not float(scale).is_integer():
+            raise Reject(f"scale {scale} is not an integer, but the input is {name}; the "
+                         f"result would not be {name}")
+    return RotationFacts(normalized, tuple(shape), float(scale), elem_type)
+
+
+def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
+    """Emit the rotation and scale of ``x`` into ``out``."""
+    rank, turns = facts.rank, facts.turns
+    h_axis, w_axis = rank - 2, rank - 1
+    scaled = facts.scale != 1.0
+    rotated_out = None if scaled else out  # the last rotation op writes `out` if no Mul follows
+    y = x
+    if turns == 2:
+        y = b.slice(y, [-1, -1], [INT64_MIN, INT64_MIN], [h_axis, w_axis], [-1, -1],
+                    hint="flip_hw", out=rotated_out)
+    elif turns in (1, 3):
+        flipped_axis = w_axis if turns == 1 else h_axis
+        y = b.slice(y, [-1], [INT64_MIN], [flipped_axis], [-1],
+                    hint="flip_w" if turns == 1 else "flip_h")
+        perm = [*range(rank - 2), w_axis, h_axis]
+        y = b.op("Transpose", y, perm=perm, hint="swap_hw", out=rotated_out)
+    if scaled:
+        assert facts.elem_type is not None  # rotation_facts guarantees it
+        scale = b.const(np.asarray(facts.scale).astype(numpy_dtype(facts.elem_type)),
+                        hint="scale")
+        b.op("Mul", y, scale, hint="scaled", out=out)
+    elif turns == 0:
+        b.identity(x, out)  # nothing to compute, but the output name must be written
+
+
+def rot90_reference(x: np.ndarray, turns: int, dims: tuple[int, int], scale: float
+                    ) -> np.ndarray:
+    """numpy reference: ``torch.rot90(x, turns, dims) * scale`` in x's dtype."""
+    axes = (x.ndim + dims[0], x.ndim + dims[1])
+    rotated = np.rot90(x, turns, axes=axes)
+    if scale == 1.0:
+        return np.ascontiguousarray(rotated)
+    return (rotated * np.asarray(scale).astype(x.dtype)).astype(x.dtype)

@@ -1,0 +1,74 @@
+"""CustomRotScale (seed article 002): torch.rot90 over (H, W) in either order, then a scale.
+
+Matches ``CustomRotScale(x; rotations:int=1, scale_factor:float=1.0,
+dims:string="height,width")`` in any domain, including the default domain (the article's
+``symbolic()`` names none, so torch exports it there).
+
+Semantics (the contract)::
+
+    y = torch.rot90(x, rotations, dims) * scale_factor
+
+where ``dims="height,width"`` means axes (-2, -1) and ``"width,height"`` means (-1, -2),
+the opposite direction. ``dims`` is compared in lower case with spaces removed; any other
+value is rejected with the node named. Any integer ``rotations`` is reduced mod 4.
+
+Before -> after::
+
+    CustomRotScale(x)  ->  [Slice(step -1) -> Transpose(last two)] -> [Mul(scale_factor)]
+
+rotations = 0 (mod 4) emits no Slice/Transpose, scale_factor = 1 emits no Mul. Envelope:
+opsets 11+, any rank >= 2 (known), every dim dynamic; float16/32/64, and integer inputs
+when the scale is integral. The scale constant has x's dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from decomposer.builder import Builder
+from decomposer.pattern import Attr, MatchContext, MatchedNode, Pattern, Reject
+from decomposer.patterns._rotation import (
+    RotationFacts,
+    build_rotation,
+    rot90_reference,
+    rotation_facts,
+)
+
+_DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
+
+
+def _normalize_dims(value: str) -> str:
+    return "".join(value.split()).lower()
+
+
+class CustomRotScale(Pattern):
+    op_type = "CustomRotScale"
+    attributes = {
+        "rotations": Attr("int", default=1, doc="quarter turns, any integer (mod 4)"),
+        "scale_factor": Attr("float", default=1.0, doc="multiplier applied after rotating"),
+        "dims": Attr("string", default="height,width", normalize=_normalize_dims,
+                     choices=tuple(_DIMS), doc='"height,width" or "width,height"'),
+    }
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> RotationFacts:
+        if len(node.inputs) != 1 or not node.inputs[0]:
+            raise Reject(f"expected 1 input, got {len(node.inputs)}")
+        return rotation_facts(node.inputs[0], node.attrs["rotations"], _DIMS[node.attrs["dims"]],
+                              node.attrs["scale_factor"], ctx)
+
+    def build(self, b: Builder, node: MatchedNode, facts: RotationFacts) -> None:
+        build_rotation(b, node.inputs[0], node.outputs[0], facts)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
+                     ) -> list[tuple[int | None, tuple[int | str | None, ...]]]:
+        return [facts.output_type()]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        dims = _DIMS[_normalize_dims(str(attrs.get("dims", "height,width")))]
+        return [rot90_reference(inputs[0], int(attrs.get("rotations", 1)), dims,
+                                float(attrs.get("scale_factor", 1.0)))]
+
+
+PATTERNS = [CustomRotScale()]

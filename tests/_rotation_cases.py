@@ -1,0 +1,38 @@
+"""Cases shared by the two rotation pattern tests: shapes, k values, dtypes, the oracle."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from decomposer.testing import Case
+
+KS = [0, 1, 2, 3, 5, -1]
+OPSETS = [11, 13, 18, 20, 23]
+# Non-square H != W, batch > 1, and more shapes fed to the same model (all dims symbolic).
+SHAPES = [(2, 3, 5, 7), (1, 1, 4, 2), (3, 2, 1, 6)]
+
+
+def inputs(dtype=np.float32, shapes=SHAPES, seed=0):
+    rng = np.random.default_rng(seed)
+    sets = []
+    for shape in shapes:
+        if np.issubdtype(dtype, np.integer):
+            sets.append([rng.integers(-100, 100, shape).astype(dtype)])
+        else:
+            sets.append([rng.normal(size=shape).astype(dtype)])
+    return sets
+
+
+def case(attrs, dtype=np.float32, shapes=SHAPES, label=""):
+    sets = inputs(dtype, shapes)
+    return Case(sets[0], attrs, symbolic="all", more_inputs=sets[1:], id=label)
+
+
+def torch_rot_scale(x: np.ndarray, k: int, dims, scale: float) -> np.ndarray:
+    """The oracle, in x's dtype: torch.rot90(x, k, dims) * scale."""
+    rotated = torch.rot90(torch.from_numpy(np.ascontiguousarray(x)), k, list(dims))
+    if scale == 1.0:
+        return rotated.numpy()
+    factor = int(scale) if not rotated.is_floating_point() else scale
+    return (rotated * factor).numpy()
