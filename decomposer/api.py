@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -67,7 +68,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
 
 
 def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool = False,
-             registry: Registry | None = None, source: str | None = None):  # type: ignore[no-untyped-def]
+             registry: Registry | None = None, source: str | None = None) -> Any:
     """Register a pattern instance or class with the default registry.
 
     Usable as ``register(MyPattern())`` or as a class decorator ``@register`` /
@@ -75,7 +76,7 @@ def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool =
     (domain, op_type) raises :class:`PatternError` unless ``override=True``.
     """
 
-    def apply(target: Pattern | type[Pattern]):  # type: ignore[no-untyped-def]
+    def apply(target: Pattern | type[Pattern]) -> Any:
         instance = target() if isinstance(target, type) else target
         loading = current_target()  # inside --patterns / entry-point import: attribute to it
         if loading is not None and registry is None:

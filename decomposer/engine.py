@@ -20,18 +20,24 @@ How it works:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
 from decomposer.builder import MIN_OPSET, Builder, NameAllocator
-from decomposer.errors import CheckFailedError, InvalidModelError, PatternError, UnsupportedNodeError
+from decomposer.errors import (
+    CheckFailedError,
+    InvalidModelError,
+    PatternError,
+    UnsupportedNodeError,
+)
 from decomposer.pattern import MatchedNode, Reject
 from decomposer.registry import Registry, default_registry
-from decomposer.report import NodeIssue, Report, ReplacedNode
+from decomposer.report import NodeIssue, ReplacedNode, Report
 
 log = logging.getLogger("decomposer")
 
@@ -169,7 +175,7 @@ class _TypeInfo:
         return types
 
     def record(self, name: str, elem_type: int | None,
-               shape: list[int | str | None] | tuple | None) -> None:
+               shape: Sequence[int | str | None] | None) -> None:
         """Remember a rewritten node's output type, unless inference already knows it."""
         types = self._load()
         if name not in types:
@@ -360,7 +366,7 @@ class _Rewriter:
         if missing:
             raise PatternError(f"pattern {pattern.name} did not write output(s) {missing} of "
                                f"node '{node.name}'")
-        for name, (elem_type, shape) in zip(node.output, declared):
+        for name, (elem_type, shape) in zip(node.output, declared, strict=False):
             if name:
                 self.types.record(name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
@@ -373,8 +379,8 @@ def _collect_names(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
     tensors: set[str] = set()
     nodes: set[str] = set()
 
-    def visit_nodes(node_list: list[onnx.NodeProto] | object) -> None:
-        for node in node_list:  # type: ignore[attr-defined]
+    def visit_nodes(node_list: Iterable[onnx.NodeProto]) -> None:
+        for node in node_list:
             nodes.add(node.name)
             tensors.update(node.input)
             tensors.update(node.output)
@@ -530,16 +536,16 @@ def _function_domains(model: onnx.ModelProto) -> set[str]:
     return used
 
 
-def _drop_unused_imports(imports: object, before: set[str], after: set[str],
+def _drop_unused_imports(imports: Any, before: set[str], after: set[str],
                          report: Report, keep: set[str] | None = None) -> None:
     """Remove imports of domains that replaced nodes used and nothing uses any more."""
     gone = (before - after - (keep or set())) - {""}
     if not gone:
         return
-    kept = [imp for imp in imports if _norm_domain(imp.domain) not in gone]  # type: ignore[attr-defined]
-    dropped = [imp.domain for imp in imports if _norm_domain(imp.domain) in gone]  # type: ignore[attr-defined]
-    del imports[:]  # type: ignore[index]
-    imports.extend(kept)  # type: ignore[attr-defined]
+    kept = [imp for imp in imports if _norm_domain(imp.domain) not in gone]
+    dropped = [imp.domain for imp in imports if _norm_domain(imp.domain) in gone]
+    del imports[:]
+    imports.extend(kept)
     report.dropped_opset_imports.extend(d for d in dropped if d not in report.dropped_opset_imports)
 
 

@@ -50,9 +50,9 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     try:
         model = onnx.ModelProto.FromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
+        detail = str(exc).splitlines()[0] if str(exc) else "truncated or corrupt"
         raise InvalidModelError(f"{source}: not an ONNX model (protobuf parse failed: "
-                                f"{str(exc).splitlines()[0] if str(exc) else 'truncated or corrupt'})"
-                                ) from exc
+                                f"{detail})") from exc
     if model.ir_version <= 0 or not model.HasField("graph"):
         raise InvalidModelError(f"{source}: not an ONNX model (no ir_version or no graph)")
     for tensor in external_tensors(model):

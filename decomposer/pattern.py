@@ -24,6 +24,10 @@ from decomposer.builder import Builder
 
 ATEN_DOMAIN = "org.pytorch.aten"
 
+# (ONNX element type or None, static shape or None) of one output; dims are ints, symbolic
+# names, or None for unknown.
+OutputType = tuple[int | None, Sequence[int | str | None] | None]
+
 
 class Reject(Exception):
     """Raised by ``Pattern.check`` when a node matches by name but cannot be rewritten.
@@ -62,7 +66,8 @@ class Attr:
 
     def __post_init__(self) -> None:
         if self.kind not in _ATTR_KINDS:
-            raise ValueError(f"unknown attribute kind {self.kind!r}; use one of {list(_ATTR_KINDS)}")
+            raise ValueError(f"unknown attribute kind {self.kind!r}; "
+                             f"use one of {list(_ATTR_KINDS)}")
 
     @property
     def required(self) -> bool:
@@ -198,7 +203,7 @@ class Pattern:
         raise NotImplementedError
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Any
-                     ) -> list[tuple[int | None, Sequence[int | str | None] | None]] | None:
+                     ) -> list[OutputType] | None:
         """Optional: (ONNX element type, shape) of each output, or None if unknown.
 
         Declaring them lets a custom node fed by this one (a chain of custom nodes, whose

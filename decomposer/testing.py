@@ -163,7 +163,8 @@ def check_pattern(
                          if i not in case.constant_inputs}
                 got = run_onnxruntime(out, feeds)
                 attrs = {k: v for k, v in case.attrs.items() if v is not None}
-                expectations = [("reference", pattern.reference(*inputs, **attrs))]
+                expectations: list[tuple[str, Sequence[Any]]] = [
+                    ("reference", pattern.reference(*inputs, **attrs))]
                 if oracle is not None:
                     expected = oracle(*inputs, **attrs)
                     expectations.append(("oracle", expected if isinstance(expected, (list, tuple))

@@ -39,7 +39,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, numpy_dtype
-from decomposer.pattern import Attr, MatchContext, MatchedNode, Pattern, Reject
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
 
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
@@ -158,7 +158,7 @@ class AffineGrid(Pattern):
                    hint="grid", out=grid)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
-                     ) -> list[tuple[int | None, list[int | str | None]]]:
+                     ) -> list[OutputType]:
         theta_shape = ctx.shape(node.inputs[0])
         batch = theta_shape[0] if theta_shape else None
         k = facts.spatial_rank

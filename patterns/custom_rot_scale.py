@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from decomposer.builder import Builder
-from decomposer.pattern import Attr, MatchContext, MatchedNode, Pattern, Reject
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
 from decomposer.patterns._rotation import (
     RotationFacts,
     build_rotation,
@@ -62,7 +62,7 @@ class CustomRotScale(Pattern):
         build_rotation(b, node.inputs[0], node.outputs[0], facts)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
-                     ) -> list[tuple[int | None, tuple[int | str | None, ...]]]:
+                     ) -> list[OutputType]:
         return [facts.output_type()]
 
     def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:

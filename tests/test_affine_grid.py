@@ -13,12 +13,13 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import FLOAT_TYPES, custom_nodes, make_model, run_onnxruntime
 from onnx import TensorProto, helper
 
 import decomposer
 from decomposer.patterns.affine_grid import AffineGrid, affine_grid_reference
 from decomposer.testing import Case, check_pattern
+
+from _helpers import FLOAT_TYPES, custom_nodes, make_model, run_onnxruntime
 
 RUNTIME_SIZES = {
     2: [(2, 3, 5, 7), (1, 1, 1, 1), (3, 2, 1, 6), (1, 4, 8, 1), (2, 1, 16, 9)],

@@ -10,11 +10,12 @@ from pathlib import Path
 
 import onnx
 import pytest
-from _helpers import make_model
 from onnx import TensorProto, helper
 
 from decomposer import __version__
 from decomposer.cli import main
+
+from _helpers import make_model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "tests" / "data" / "stn_custom.onnx"

@@ -9,14 +9,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _helpers import make_model, run_onnxruntime
-from _rotation_cases import KS, OPSETS, case, inputs, torch_rot_scale
 from onnx import TensorProto, helper
-from seed_models import export_rotate_scale
 
 import decomposer
 from decomposer.patterns.custom_rot_scale import CustomRotScale
 from decomposer.testing import check_pattern
+
+from _helpers import make_model, run_onnxruntime
+from _rotation_cases import KS, OPSETS, case, inputs, torch_rot_scale
+from seed_models import export_rotate_scale
 
 DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
 

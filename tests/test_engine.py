@@ -13,11 +13,12 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from _helpers import make_model, run_onnxruntime
 from onnx import TensorProto, helper
 
 import decomposer
 from decomposer.patterns import builtin_patterns, pattern_modules
+
+from _helpers import make_model, run_onnxruntime
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,8 +184,9 @@ def test_same_bytes_whatever_the_hash_seed(tmp_path):
     for seed in ("0", "12345"):
         target = tmp_path / f"out_{seed}.onnx"
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        subprocess.run([sys.executable, "-m", "decomposer", str(ROOT / "tests/data/stn_custom.onnx"),
-                        str(target), "-q"], check=True, env=env)
+        subprocess.run([sys.executable, "-m", "decomposer",
+                        str(ROOT / "tests/data/stn_custom.onnx"), str(target), "-q"],
+                       check=True, env=env)
         outputs.append(target.read_bytes())
     assert outputs[0] == outputs[1]
 
@@ -210,7 +212,8 @@ def test_unrelated_nodes_fields_and_order_survive():
 def test_unsupported_nodes_are_listed_then_kept_on_request():
     mystery = helper.make_node("Frobnicate", ["theta"], ["f"], name="mystery", domain="acme")
     model = make_model([affine_node("affine"), mystery], [THETA, SIZE],
-                       [vi("grid", TensorProto.FLOAT, None), vi("f", TensorProto.FLOAT, ["N", 2, 3])],
+                       [vi("grid", TensorProto.FLOAT, None),
+                        vi("f", TensorProto.FLOAT, ["N", 2, 3])],
                        16, extra_opsets=["custom.ops", "acme"])
     with pytest.raises(decomposer.UnsupportedNodeError) as info:
         decomposer.decompose(model)

@@ -9,13 +9,14 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _helpers import make_model, run_onnxruntime
-from _rotation_cases import KS, OPSETS, case, inputs, torch_rot_scale
 from onnx import TensorProto, helper
 
 import decomposer
 from decomposer.patterns.rot90_and_scale import Rot90AndScale
 from decomposer.testing import check_pattern
+
+from _helpers import make_model, run_onnxruntime
+from _rotation_cases import KS, OPSETS, case, inputs, torch_rot_scale
 
 
 def oracle(x, k=1, scale=1.0, clockwise="no"):

@@ -6,11 +6,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _helpers import run_onnxruntime
-from seed_models import export_classic_stn, export_seed_stn
 from torch.onnx import OperatorExportTypes
 
 import decomposer
+
+from _helpers import run_onnxruntime
+from seed_models import export_classic_stn, export_seed_stn
 
 
 def test_seed_stn_end_to_end(tmp_path):
