@@ -84,8 +84,8 @@ def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool =
             target_registry.register(instance, source=source or label,
                                      override=override or loading_override)
         else:
-            (registry or default_registry()).register(instance, source=source or "user",
-                                                      override=override)
+            target_registry = registry if registry is not None else default_registry()
+            target_registry.register(instance, source=source or "user", override=override)
         return target
 
     if pattern is None:

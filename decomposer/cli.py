@@ -23,7 +23,7 @@ from decomposer import __version__
 from decomposer.api import decompose_file
 from decomposer.errors import DecomposerError, ModelIOError, UnsupportedNodeError
 from decomposer.plugins import load_pattern_source
-from decomposer.registry import default_registry
+from decomposer.registry import build_registry
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    registry = default_registry().copy()
+    registry = build_registry(override=args.override)
     for source in args.patterns:
         load_pattern_source(source, registry, override=args.override)
     if args.list_patterns:

@@ -439,7 +439,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         allow_unsupported: bool = False, check: bool = True) -> tuple[onnx.ModelProto, Report]:
     """Rewrite ``model``; return the new model and the report. ``model`` is not mutated."""
     _validate(model)
-    registry = registry or default_registry()
+    registry = registry if registry is not None else default_registry()
     opsets = _opset_map(list(model.opset_import))
     report = Report(opset=opsets[""])
     out = onnx.ModelProto()

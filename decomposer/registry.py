@@ -102,14 +102,23 @@ def _aten_operator(node: onnx.NodeProto) -> str | None:
 _default: Registry | None = None
 
 
+def build_registry(*, entry_points: bool = True, override: bool = False) -> Registry:
+    """A new registry: the built-in patterns, then installed ``decomposer.patterns`` entry
+    points (a clash with a built-in is an error unless ``override``)."""
+    from decomposer.patterns import builtin_patterns
+    from decomposer.plugins import load_entry_points
+
+    registry = Registry()
+    for pattern in builtin_patterns():
+        registry.register(pattern, source="built-in")
+    if entry_points:
+        load_entry_points(registry, override=override)
+    return registry
+
+
 def default_registry() -> Registry:
-    """The process-wide registry: built-in patterns plus those added by ``register``."""
+    """The process-wide registry: built-ins, entry points, and what ``register`` added."""
     global _default
     if _default is None:
-        from decomposer.patterns import builtin_patterns
-
-        registry = Registry()
-        for pattern in builtin_patterns():
-            registry.register(pattern, source="built-in")
-        _default = registry
+        _default = build_registry()
     return _default

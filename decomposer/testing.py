@@ -145,7 +145,7 @@ def check_pattern(
     ``reference`` is always compared too. ``registry`` defaults to the default registry
     plus ``pattern`` if it is not in it yet.
     """
-    registry = registry or _registry_with(pattern)
+    registry = registry if registry is not None else _registry_with(pattern)
     results: list[CaseResult] = []
     cases = list(cases)
     for opset in opsets:

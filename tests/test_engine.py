@@ -307,3 +307,8 @@ def test_aten_constant_inside_subgraph_is_cleaned_up():
     (got,) = run_onnxruntime(out, {"theta": theta, "size": size, "cond": np.array(True),
                                    "g0": np.zeros((1, 1, 1, 1), np.float32)})
     np.testing.assert_allclose(got, grid_torch(theta, size, 1), atol=1e-5)
+
+
+def test_an_explicit_empty_registry_is_used_not_the_default():
+    with pytest.raises(decomposer.UnsupportedNodeError, match="no pattern rewrites this op"):
+        decomposer.decompose(_seed_model(), registry=decomposer.Registry())
