@@ -9,13 +9,14 @@ error raised derives from :class:`decomposer.DecomposerError`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import onnx
 
 from decomposer import engine
-from decomposer.errors import UnsupportedNodeError
+from decomposer.errors import UnsupportedNodeError, VerificationError
 from decomposer.modelio import load_model, save_model
 from decomposer.pattern import Pattern
 from decomposer.plugins import current_target
@@ -45,11 +46,16 @@ def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = F
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
                    allow_unsupported: bool = False, check: bool = True,
-                   registry: Registry | None = None, dry_run: bool = False) -> Report:
+                   registry: Registry | None = None, dry_run: bool = False,
+                   verify: bool = False,
+                   verify_options: Mapping[str, Any] | None = None) -> Report:
     """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
-    ``dst`` may equal ``src``. Nothing is written when an error is raised.
+    ``dst`` may equal ``src``. Nothing is written when an error is raised, with one
+    exception: with ``verify=True`` (:func:`decomposer.verify.verify`, given
+    ``verify_options``) a numeric mismatch still writes the output, for inspection, and
+    then raises :class:`VerificationError` carrying ``.report``.
     """
     model = load_model(src)
     try:
@@ -62,8 +68,23 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     report.input_path = str(src)
     report.output_path = None if dst is None else str(dst)
     report.dry_run = dry_run or dst is None
+    if verify:
+        from decomposer.verify import verify as run_verification
+
+        # Verify before writing, so unusable feeds fail with nothing written; a mismatch
+        # is raised only after the output is on disk (it is kept for inspection).
+        report.verification = run_verification(model, out, registry=registry,
+                                                **dict(verify_options or {}))
     if not report.dry_run:
         save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]
+    if report.verification is not None:
+        from decomposer.verify import require_passed
+
+        try:
+            require_passed(report.verification)
+        except VerificationError as exc:
+            exc.report = report  # type: ignore[attr-defined]
+            raise
     return report
 
 

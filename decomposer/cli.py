@@ -21,7 +21,12 @@ from pathlib import Path
 
 from decomposer import __version__
 from decomposer.api import decompose_file
-from decomposer.errors import DecomposerError, ModelIOError, UnsupportedNodeError
+from decomposer.errors import (
+    DecomposerError,
+    ModelIOError,
+    UnsupportedNodeError,
+    VerificationError,
+)
 from decomposer.plugins import load_pattern_source
 from decomposer.registry import build_registry
 
@@ -53,6 +58,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="load extra patterns from a .py file or module (repeatable)")
     parser.add_argument("--override", action="store_true",
                         help="let --patterns replace built-in patterns for the same op")
+    verify = parser.add_argument_group("verification (--verify)")
+    verify.add_argument("--verify", action="store_true",
+                        help="run the original (pattern references on onnx.reference) and the "
+                             "result (ONNX Runtime) and compare every output and every "
+                             "replaced node's output; exit 1 on a mismatch")
+    verify.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (1e-5)")
+    verify.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (1e-4)")
+    verify.add_argument("--runs", type=int, default=2,
+                        help="generated feed sets, with different dynamic sizes (2)")
+    verify.add_argument("--seed", type=int, default=0, help="seed for generated inputs (0)")
+    verify.add_argument("--inputs", metavar="FILE.npz", help="explicit feeds (one run)")
+    verify.add_argument("--input-shape", action="append", default=[],
+                        metavar="NAME:1x3x224x224", help="fix an input's shape (repeatable)")
+    verify.add_argument("--input-value", action="append", default=[],
+                        metavar="NAME=1,64,32,32",
+                        help="value of a small (e.g. integer size) input (repeatable)")
+    verify.add_argument("--expected", metavar="FILE.npz",
+                        help="graph outputs saved from PyTorch for --inputs, compared too")
     parser.add_argument("--no-check", action="store_true",
                         help="skip onnx.checker (full_check) on the result")
     parser.add_argument("-q", "--quiet", action="store_true", help="print errors only")
@@ -119,8 +142,20 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.dry_run and args.output and not args.quiet:
         print("decomposer: warning: --dry-run given: OUTPUT will not be written",
               file=sys.stderr)
+    verify_flags = [flag for flag, given in [
+        ("--inputs", args.inputs), ("--expected", args.expected),
+        ("--input-shape", args.input_shape), ("--input-value", args.input_value)] if given]
+    if verify_flags and not args.verify and not args.quiet:
+        print(f"decomposer: warning: {', '.join(verify_flags)} ignored without --verify",
+              file=sys.stderr)
+    if args.expected and not args.inputs:
+        print("decomposer: error: --expected needs --inputs FILE.npz (the feeds the expected "
+              "outputs came from)", file=sys.stderr)
+        return EXIT_USAGE
+    options = _verify_options(args) if args.verify else None
     report = decompose_file(args.input, args.output, allow_unsupported=args.allow_unsupported,
-                            check=not args.no_check, registry=registry, dry_run=args.dry_run)
+                            check=not args.no_check, registry=registry, dry_run=args.dry_run,
+                            verify=args.verify, verify_options=options)
     if args.report:
         _write_report(args.report, report.to_dict())
     if not args.quiet:
@@ -130,8 +165,24 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       f"{node.op_type}) in {node.graph} -> {node.new_nodes} nodes")
         for issue in report.unsupported:
             print(f"decomposer: warning: kept {issue.describe()}", file=sys.stderr)
+        if report.verification is not None and args.verbose:
+            print(report.verification.table())
         print(report.summary())
+        if report.verification is not None:
+            print(report.verification.summary())
     return EXIT_OK
+
+
+def _verify_options(args: argparse.Namespace) -> dict:
+    from decomposer.verify import load_npz, parse_input_shapes, parse_input_values
+
+    return {
+        "feeds": load_npz(args.inputs) if args.inputs else None,
+        "expected": load_npz(args.expected) if args.expected else None,
+        "input_shapes": parse_input_shapes(args.input_shape),
+        "input_values": parse_input_values(args.input_value),
+        "atol": args.atol, "rtol": args.rtol, "runs": args.runs, "seed": args.seed,
+    }
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -146,6 +197,15 @@ def _write_report(path: str, data: dict) -> None:
 
 
 def _print_error(exc: DecomposerError) -> None:
+    if isinstance(exc, VerificationError):
+        report = getattr(exc, "report", None)
+        for line in str(exc).splitlines()[1:]:
+            print(f"decomposer: error: {line}", file=sys.stderr)
+        print(f"decomposer: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+        if report is not None and report.output_path and not report.dry_run:
+            print(f"decomposer: error: {report.output_path} was written but does NOT match "
+                  f"the original; do not ship it", file=sys.stderr)
+        return
     if isinstance(exc, UnsupportedNodeError):
         headline, *nodes = str(exc).splitlines()
         print(f"decomposer: error: {headline}", file=sys.stderr)

@@ -166,7 +166,10 @@ class AffineGrid(Pattern):
 
     def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
         theta, size = inputs[0], inputs[1]
-        return [affine_grid_reference(theta, size, int(attrs.get("align_corners", 0)))]
+        # The ATen forms pass align_corners as a third (constant) input.
+        align = np.asarray(inputs[2]).reshape(()).item() if len(inputs) > 2 \
+            else attrs.get("align_corners", 0)
+        return [affine_grid_reference(theta, size, int(align))]
 
 
 def _selector_rows(k: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:

@@ -13,11 +13,12 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _helpers import run_onnxruntime
 
 import decomposer
 from decomposer.cli import main
 from decomposer.registry import Registry, build_registry
+
+from _helpers import run_onnxruntime
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "docs" / "examples"
