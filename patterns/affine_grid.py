@@ -1,4 +1,4 @@
-"""AffineGrid (torch F.affine_grid semantics) as two small MatMuls, size read at run time.
+"""AffineGrid (torch F.affine_grid semantics) in one output-sized pass, size read at run time.
 
 Matches:
 - ``AffineGrid(theta, size; align_corners:int=0)`` in any domain (``custom.ops``,
@@ -13,17 +13,19 @@ Semantics are exactly ``torch.nn.functional.affine_grid``:
 A spatial size of 1 gives coordinate 0, as in torch (ONNX's own AffineGrid-20 and ONNX
 Runtime's kernel give -1 there when align_corners=1).
 
-Before -> after (2-D; 3-D adds z the same way)::
+Before -> after::
 
-    AffineGrid(theta, size)        x = coords(size[3]), y = coords(size[2])   # (W,), (H,)
-                             ->    L = [y, 1]                                 # (H, 2)
-                                   G = [[0,1,0] per w], [[x_w, 0, 1] per w]   # (2, W, 3)
-                                   R = Reshape(G @ theta^T, [N, 2, 2W])       # small
-                                   grid = Reshape(L @ R, [N, H, W, 2])
+    AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
+                                 G = [[0,1,0] per w], [[x_w, 0, 1] per w]      # (2, W, 3)
+                                 R = G @ theta^T                               # (N, 2, W, 2)
+      2-D float32:               grid = Conv1x1(R, weight=[y_h, 1])            # (N, H, W, 2)
+      2-D float64:               grid = Reshape([y_h, 1] @ Reshape(R), [N, H, W, 2])
+      3-D:                       grid = z_d * R_z + (y_h * R_y + R_c)          # broadcast
 
 ``coords(n) = Range(1-n, n, 2) / den`` with ``den = n`` (align_corners=0) or
-``max(n-1, 1)`` (align_corners=1). Only the last MatMul touches output-sized data, which
-is what makes this form as fast as a native kernel (see the README's benchmark table).
+``max(n-1, 1)`` (align_corners=1). Everything before the last op is small (sizes, not
+grids); the last op alone writes the output, in its final layout, which is what makes
+this form as fast as ONNX Runtime's native kernel (see the README's benchmark table).
 
 Envelope: opsets 11+, theta float16/32/64 (float16 is computed in float32 and rounded
 once at the end), batch and every spatial size dynamic. 2-D vs 3-D is read from theta's
@@ -49,7 +51,6 @@ class Facts(NamedTuple):
     spatial_rank: int  # 2 or 3
     align_corners: bool
     theta_type: int  # ONNX element type of theta and of the grid
-    size_type: int
 
 
 class AffineGrid(Pattern):
@@ -82,19 +83,17 @@ class AffineGrid(Pattern):
         if size_type not in _INT_TYPES:
             raise Reject(f"size must be int64 or int32, got "
                          f"{TensorProto.DataType.Name(size_type).lower()}")
-        return Facts(_spatial_rank(theta, size, ctx), align, theta_type, size_type)
+        return Facts(_spatial_rank(theta, size, ctx), align, theta_type)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         k = facts.spatial_rank
         theta, size = node.inputs[0], node.inputs[1]
-        grid = node.outputs[0]
         # Range has no float16 kernel in ONNX Runtime: compute in float32, round once.
         compute_type = TensorProto.FLOAT if facts.theta_type == TensorProto.FLOAT16 \
             else facts.theta_type
         dtype = numpy_dtype(compute_type)
         if compute_type != facts.theta_type:
             theta = b.cast(theta, compute_type, hint="theta_f32")
-
         size_f = b.cast(size, compute_type, hint="size_f")  # [N, C, (D,) H, W]
         one = b.const(1, dtype, hint="one")
         two = b.const(2, dtype, hint="two")
@@ -111,27 +110,8 @@ class AffineGrid(Pattern):
             return b.op("Div", steps, den, hint=label)
 
         x = coords(k + 1, "x")  # along W
-        y = coords(k, "y")  # along H
-
-        # L: one row per output row, columns (z,) y, 1.
-        if k == 2:
-            left = b.op("Add",
-                        b.op("Mul", b.unsqueeze(y, [1], hint="y_col"),
-                             b.const([[1, 0]], dtype, hint="pick_y"), hint="L_y"),
-                        b.const([[0, 1]], dtype, hint="L_bias"), hint="L")  # (H, 2)
-        else:
-            z = coords(2, "z")  # along D
-            left_z = b.op("Mul", b.unsqueeze(z, [1, 2], hint="z_col"),
-                          b.const([[[1, 0, 0]]], dtype, hint="pick_z"), hint="L_z")  # (D,1,3)
-            left_y = b.op("Add",
-                          b.op("Mul", b.unsqueeze(y, [1], hint="y_col"),
-                               b.const([[0, 1, 0]], dtype, hint="pick_y"), hint="L_y0"),
-                          b.const([[0, 0, 1]], dtype, hint="L_bias"), hint="L_y")  # (H, 3)
-            left = b.op("Reshape", b.op("Add", left_z, left_y, hint="L_zy"),
-                        b.ints([-1, 3], "L_shape"), hint="L")  # (D*H, 3)
-
-        # R[n, r, w*k + c] = sum_j G[r, w, j] * theta[n, c, j]: rows of L's coefficients
-        # (theta's z/y columns, constant across w), then x_w * theta[:, c, 0] + theta[:, c, k].
+        # R[n, r, w, c] = sum_j G[r, w, j] * theta[n, c, j]; rows r are the coefficient of
+        # z (3-D), of y, then the constant row x_w * theta[n, c, 0] + theta[n, c, k].
         scale_rows, offset_rows = _selector_rows(k, dtype)
         g = b.op("Add",
                  b.op("Mul", b.unsqueeze(x, [0, 2], hint="x_row"),
@@ -139,23 +119,57 @@ class AffineGrid(Pattern):
                  b.const(offset_rows, hint="G_offset"), hint="G")  # (k, W, k+1)
         theta_t = b.unsqueeze(b.op("Transpose", theta, perm=[0, 2, 1], hint="theta_T"), [1],
                               hint="theta_T4")  # (N, 1, k+1, k)
-        right = b.op("Reshape", b.op("MatMul", g, theta_t, hint="R_wk"),
-                     b.ints([0, 0, -1], "R_shape"), hint="R")  # (N, k, W*k)
+        rows = b.op("MatMul", g, theta_t, hint="R_rows")  # (N, k, W, k)
 
-        flat = b.op("MatMul", left, right, hint="grid_flat")  # (N, (D*)H, W*k)
-        if k == 2:
-            shape = b.ints([0, 0, -1, 2], "grid_shape")
-        else:
-            size_i64 = size if facts.size_type == TensorProto.INT64 else \
-                b.cast(size, TensorProto.INT64, hint="size_i64")
-            shape = b.op("Concat", b.ints([0], "keep_n"),
-                         b.slice(size_i64, [2], [5], [0], hint="dhw"), b.ints([3], "three"),
-                         axis=0, hint="grid_shape")  # [0, D, H, W, 3]
-        if compute_type == facts.theta_type:
-            b.op("Reshape", flat, shape, hint="grid", out=grid)
-        else:
-            b.cast(b.op("Reshape", flat, shape, hint="grid_f32"), facts.theta_type,
-                   hint="grid", out=grid)
+        final = node.outputs[0] if compute_type == facts.theta_type else None
+        if k == 3:
+            grid = self._add_form_3d(b, rows, coords(3, "y"), coords(2, "z"), final)
+        elif compute_type == TensorProto.FLOAT:
+            grid = self._conv_form_2d(b, rows, coords(2, "y"), dtype, final)
+        else:  # ONNX Runtime has no float64 Conv kernel
+            grid = self._matmul_form_2d(b, rows, coords(2, "y"), dtype, final)
+        if final is None:
+            b.cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
+
+    @staticmethod
+    def _left(b: Builder, y: str, dtype: np.dtype) -> str:
+        """L = (y_h, 1) per output row, shape (H, 2)."""
+        return b.op("Add",
+                    b.op("Mul", b.unsqueeze(y, [1], hint="y_col"),
+                         b.const([[1, 0]], dtype, hint="pick_y"), hint="L_y"),
+                    b.const([[0, 1]], dtype, hint="L_bias"), hint="L")
+
+    @classmethod
+    def _conv_form_2d(cls, b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
+                      ) -> str:
+        """grid = Conv1x1(R, L): the same small-K GEMM as L @ R, but a 1x1 Conv with L as
+        its (H, 2, 1, 1) weight writes (N, H, W, 2) directly, so there is one output-sized
+        pass and no Reshape (which ONNX Runtime copies when the grid is a graph output)."""
+        weight = b.unsqueeze(cls._left(b, y, dtype), [2, 3], hint="L_weight")  # (H, 2, 1, 1)
+        return b.op("Conv", rows, weight, hint="grid", out=out)  # rows: (N, 2, W, 2)
+
+    @classmethod
+    def _matmul_form_2d(cls, b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
+                        ) -> str:
+        """grid = Reshape(L @ R), for float64 (no Conv kernel): one output-sized MatMul,
+        plus a copy when the grid is a graph output."""
+        left = cls._left(b, y, dtype)  # (H, 2)
+        right = b.op("Reshape", rows, b.ints([0, 0, -1], "R_shape"), hint="R")  # (N, 2, W*2)
+        flat = b.op("MatMul", left, right, hint="grid_flat")  # (N, H, W*2)
+        return b.op("Reshape", flat, b.ints([0, 0, -1, 2], "grid_shape"), hint="grid", out=out)
+
+    @staticmethod
+    def _add_form_3d(b: Builder, rows: str, y: str, z: str, out: str | None) -> str:
+        """grid = (z_d * R_z) + (y_h * R_y + R_c): the two terms are small, (N, D, 1, W, 3)
+        and (N, 1, H, W, 3); their broadcast Add is the only output-sized pass."""
+        rows5 = b.unsqueeze(rows, [2], hint="R_rows5")  # (N, 3, 1, W, 3)
+        r_z, r_y, r_c = b.split(rows5, [1, 1, 1], axis=1, hint="R_split")  # (N, 1, 1, W, 3)
+        z5 = b.unsqueeze(z, [0, 2, 3, 4], hint="z5")  # (1, D, 1, 1, 1)
+        y5 = b.unsqueeze(y, [0, 1, 3, 4], hint="y5")  # (1, 1, H, 1, 1)
+        z_term = b.op("Mul", z5, r_z, hint="grid_z")  # (N, D, 1, W, 3)
+        yc_term = b.op("Add", b.op("Mul", y5, r_y, hint="grid_y"), r_c,
+                       hint="grid_yc")  # (N, 1, H, W, 3)
+        return b.op("Add", z_term, yc_term, hint="grid", out=out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -1,0 +1,313 @@
+"""Benchmark decomposed AffineGrid against ONNX Runtime's native kernel and alternatives.
+
+In: nothing required; ``--quick`` for a short run, ``--json FILE`` for the output path,
+``--threads 1 2``, ``--rounds N``. Needs the test extra (torch) and onnxscript for the
+torch dynamo-export variant (``pip install -e ".[bench]"``); missing ones are skipped.
+Out: a table on stdout and the same numbers as JSON: per case and thread count, the median
+time of each variant and the median of per-round ratios to ORT's native AffineGrid-20.
+
+Variants, all timed in one process, interleaved in a random order each round:
+- ``decomposer``: the decomposed custom node, ``size`` fed at run time (nothing folded);
+- ``decomposer_const``: the same with a constant ``size`` (ORT folds the size-only part);
+- ``native``: ORT's AffineGrid-20 kernel (the baseline);
+- ``onnx_function``: ONNX's own AffineGrid-20 function body, inlined (``onnx.inliner``);
+- ``torch_dynamo``: torch's dynamo export of ``F.affine_grid`` (static sizes);
+- ``torch_eager``: ``F.affine_grid`` in torch itself;
+- ``floor``: ORT writing a tensor of the output size (ConstantOfShape), the write floor.
+With ``--gridsample`` the grid also feeds a GridSample, as in a real STN.
+
+ORT sessions use pre-made OrtValue feeds (``run_with_ort_values``), intra-op spinning off,
+and 1 or 2 intra-op threads; torch uses the same thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.inliner
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import decomposer  # noqa: E402
+
+CASES = [  # (label, size)
+    ("2d N=8 64x64", (8, 1, 64, 64)),
+    ("2d N=8 256x256", (8, 1, 256, 256)),
+    ("2d N=1 512x512", (1, 1, 512, 512)),
+    ("2d N=8 512x512", (8, 1, 512, 512)),
+    ("3d N=2 32^3", (2, 1, 32, 32, 32)),
+    ("3d N=2 64^3", (2, 1, 64, 64, 64)),
+]
+OPSET = 20  # native AffineGrid exists from 20; the custom node is decomposed at the same opset
+
+
+def _io(k: int, with_image: bool) -> tuple[list, list]:
+    inputs = [helper.make_tensor_value_info("theta", TensorProto.FLOAT, ["N", k, k + 1]),
+              helper.make_tensor_value_info("size", TensorProto.INT64, [k + 2])]
+    if with_image:
+        spatial = ["D", "H", "W"][3 - k:]
+        inputs.append(helper.make_tensor_value_info("image", TensorProto.FLOAT,
+                                                    ["N", "C", *spatial]))
+    out_rank = k + 2
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * out_rank)]
+    return inputs, outputs
+
+
+def _affine_model(domain: str, k: int, *, gridsample: bool, const_size=None) -> onnx.ModelProto:
+    inputs, outputs = _io(k, gridsample)
+    grid_name = "grid" if gridsample else "y"
+    nodes = [helper.make_node("AffineGrid", ["theta", "size"], [grid_name], domain=domain,
+                              align_corners=0, name="affine")]
+    inits = []
+    if const_size is not None:
+        inputs = [i for i in inputs if i.name != "size"]
+        inits.append(onnx.numpy_helper.from_array(np.array(const_size, np.int64), "size"))
+    if gridsample:
+        nodes.append(helper.make_node("GridSample", ["image", "grid"], ["y"], name="sample",
+                                      mode="linear", padding_mode="zeros", align_corners=0))
+    imports = [helper.make_opsetid("", OPSET)]
+    if domain:
+        imports.append(helper.make_opsetid(domain, 1))
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=inits)
+    return helper.make_model(graph, opset_imports=imports, ir_version=10)
+
+
+def decomposed_model(k: int, gridsample: bool, const_size=None) -> onnx.ModelProto:
+    return decomposer.decompose(_affine_model("custom.ops", k, gridsample=gridsample,
+                                              const_size=const_size))
+
+
+def native_model(k: int, gridsample: bool) -> onnx.ModelProto:
+    return _affine_model("", k, gridsample=gridsample)
+
+
+def function_body_model(k: int, gridsample: bool) -> onnx.ModelProto:
+    """ONNX's AffineGrid-20 function body as a local function, then inlined."""
+    body = onnx.defs.get_schema("AffineGrid", OPSET, "").function_body
+    function = onnx.FunctionProto()
+    function.CopyFrom(body)
+    function.domain, function.name = "bench.fn", "AffineGrid"
+    if not any(a == "align_corners" for a in function.attribute):
+        function.attribute.append("align_corners")
+    model = _affine_model("bench.fn", k, gridsample=gridsample)
+    model.functions.append(function)
+    return onnx.inliner.inline_local_functions(model)
+
+
+def floor_model(k: int) -> onnx.ModelProto:
+    """ORT writing a float tensor of the grid's size: the memory-write floor."""
+    graph = helper.make_graph(
+        [helper.make_node("ConstantOfShape", ["shape"], ["y"], name="fill",
+                          value=helper.make_tensor("v", TensorProto.FLOAT, [1], [0.5]))],
+        "floor", [helper.make_tensor_value_info("shape", TensorProto.INT64, [k + 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * (k + 2))])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             ir_version=10)
+
+
+def torch_dynamo_model(size, gridsample: bool) -> onnx.ModelProto | None:
+    try:
+        import onnxscript  # noqa: F401
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return None
+
+    class Grid(torch.nn.Module):
+        def forward(self, theta, *rest):
+            grid = F.affine_grid(theta, list(size), align_corners=False)
+            if gridsample:
+                return F.grid_sample(rest[0], grid, align_corners=False)
+            return grid
+
+    k = len(size) - 2
+    theta = torch.zeros(size[0], k, k + 1)
+    args = (theta,) + ((torch.zeros(size),) if gridsample else ())
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = Path(folder) / "dynamo.onnx"
+        try:
+            torch.onnx.export(Grid(), args, str(path), dynamo=True, verbose=False)
+        except Exception as exc:  # keep benchmarking the rest
+            print(f"  (torch dynamo export failed: {type(exc).__name__})", file=sys.stderr)
+            return None
+        return onnx.load(path)
+
+
+class OrtRunner:
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        names = {i.name for i in self.session.get_inputs()}
+        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()
+                      if k in names}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.run_options = ort.RunOptions()
+
+    def __call__(self) -> None:
+        self.session.run_with_ort_values(self.outputs, self.feeds, self.run_options)
+
+    def result(self) -> np.ndarray:
+        return self.session.run_with_ort_values(self.outputs, self.feeds,
+                                                self.run_options)[0].numpy()
+
+
+def _time(fn: Callable[[], None], repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
+
+
+def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
+               skip_slow: bool) -> dict:
+    k = len(size) - 2
+    rng = np.random.default_rng(0)
+    theta = rng.uniform(-1, 1, (size[0], k, k + 1)).astype(np.float32)
+    feeds = {"theta": theta, "size": np.array(size, np.int64)}
+    if gridsample:
+        feeds["image"] = rng.normal(size=size).astype(np.float32)
+    variants: dict[str, Callable[[], None]] = {}
+    variants["native"] = OrtRunner(native_model(k, gridsample), feeds, threads)
+    variants["decomposer"] = OrtRunner(decomposed_model(k, gridsample), feeds, threads)
+    variants["decomposer_const"] = OrtRunner(decomposed_model(k, gridsample, size), feeds,
+                                             threads)
+    failures: dict[str, str] = {}
+    try:
+        runner = OrtRunner(function_body_model(k, gridsample), feeds, threads)
+        runner()
+        variants["onnx_function"] = runner
+    except Exception as exc:
+        failures["onnx_function"] = str(exc).splitlines()[0][:120]
+    if not gridsample:
+        grid_shape = (size[0], *size[2:], k)
+        variants["floor"] = OrtRunner(floor_model(k), {"shape": np.array(grid_shape, np.int64)},
+                                      threads)
+    dynamo = None if skip_slow else torch_dynamo_model(size, gridsample)
+    if dynamo is not None:
+        dynamo_feeds = dict(zip([i.name for i in dynamo.graph.input],
+                                [theta] + ([feeds["image"]] if gridsample else []),
+                                strict=False))
+        variants["torch_dynamo"] = OrtRunner(dynamo, dynamo_feeds, threads)
+    try:
+        import torch
+        import torch.nn.functional as F
+
+        torch.set_num_threads(threads)
+        theta_t = torch.from_numpy(theta)
+        image_t = torch.from_numpy(feeds["image"]) if gridsample else None
+
+        def eager() -> None:
+            with torch.no_grad():
+                grid = F.affine_grid(theta_t, list(size), align_corners=False)
+                if image_t is not None:
+                    F.grid_sample(image_t, grid, align_corners=False)
+
+        variants["torch_eager"] = eager
+    except ImportError:
+        pass
+
+    # Sanity: the decomposition computes what the native kernel computes (no size-1 dims
+    # here, where the native kernel differs from torch).
+    np.testing.assert_allclose(variants["decomposer"].result(),  # type: ignore[attr-defined]
+                               variants["native"].result(),  # type: ignore[attr-defined]
+                               atol=1e-4, rtol=1e-4)
+
+    # Calibrate repeats so one timing is ~20 ms of native work.
+    native_once = _time(variants["native"], 3)
+    repeat = max(1, min(200, int(0.02 / max(native_once, 1e-6))))
+    for fn in variants.values():  # warm-up
+        _time(fn, 2)
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffler = random.Random(0)
+    for _ in range(rounds):
+        shuffler.shuffle(order)
+        this_round = {name: _time(variants[name], repeat) for name in order}
+        for name, seconds in this_round.items():
+            times[name].append(seconds)
+            ratios[name].append(seconds / this_round["native"])
+    return {
+        "case": label, "size": list(size), "threads": threads, "gridsample": gridsample,
+        "repeat": repeat, "rounds": rounds,
+        "median_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
+        "ratio_to_native": {name: statistics.median(v) for name, v in ratios.items()},
+        "failed": failures,
+    }
+
+
+def _print_table(results: list[dict]) -> None:
+    columns = ["decomposer", "decomposer_const", "onnx_function", "torch_dynamo", "torch_eager",
+               "floor"]
+    print(f"{'case':<18} {'thr':>3} {'GS':>2} {'native ms':>9}  " +
+          " ".join(f"{c:>16}" for c in columns))
+    for r in results:
+        cells = []
+        for c in columns:
+            if c in r["ratio_to_native"]:
+                cells.append(f"{r['ratio_to_native'][c]:>15.2f}x")
+            elif c in r["failed"]:
+                cells.append(f"{'fails':>16}")
+            else:
+                cells.append(f"{'-':>16}")
+        print(f"{r['case']:<18} {r['threads']:>3} {'y' if r['gridsample'] else 'n':>2} "
+              f"{r['median_ms']['native']:>9.3f}  " + " ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few rounds, no torch dynamo")
+    parser.add_argument("--rounds", type=int, default=25)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--cases", nargs="+", help="substrings of case labels to run")
+    parser.add_argument("--gridsample", action="store_true",
+                        help="also measure the grid feeding GridSample")
+    parser.add_argument("--json", default="bench-results/bench.json")
+    args = parser.parse_args(argv)
+    rounds = 5 if args.quick else args.rounds
+    results = []
+    for label, size in CASES:
+        if args.cases and not any(s in label for s in args.cases):
+            continue
+        for threads in args.threads:
+            for gridsample in ([False, True] if args.gridsample else [False]):
+                if gridsample and len(size) == 5 and size[2] >= 64:
+                    continue  # 3-D GridSample at 64^3 takes minutes per round
+                results.append(bench_case(label, size, threads, rounds, gridsample,
+                                          skip_slow=args.quick))
+                _print_table(results[-1:])
+    print()
+    _print_table(results)
+    meta = {"machine": platform.machine(), "processor": platform.processor(),
+            "cpus": os.cpu_count(), "python": platform.python_version(),
+            "onnxruntime": ort.__version__, "onnx": onnx.__version__}
+    target = Path(args.json)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    print(f"\nwrote {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
