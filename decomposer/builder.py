@@ -208,5 +208,14 @@ class Builder:
                                  axis=axis, hint=hint)
         return self.op_multi("Split", [x], len(sizes), axis=axis, split=list(sizes), hint=hint)
 
+    def pad(self, x: str, pads: Sequence[int], value: Any, dtype: Any,
+            hint: str = "pad") -> str:
+        """Constant padding; ``pads`` is [x1_begin, x2_begin, ..., x1_end, x2_end, ...].
+
+        Pad-11 takes pads and the value as inputs (the builder's minimum opset is 11).
+        """
+        return self.op("Pad", x, self.ints(list(pads), "pads"),
+                       self.const(value, dtype, hint="pad_value"), mode="constant", hint=hint)
+
     def identity(self, x: str, out: str, hint: str = "identity") -> str:
         return self.op("Identity", x, hint=hint, out=out)

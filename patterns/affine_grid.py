@@ -132,28 +132,28 @@ class AffineGrid(Pattern):
             b.cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
 
     @staticmethod
-    def _left(b: Builder, y: str, dtype: np.dtype) -> str:
-        """L = (y_h, 1) per output row, shape (H, 2)."""
-        return b.op("Add",
-                    b.op("Mul", b.unsqueeze(y, [1], hint="y_col"),
-                         b.const([[1, 0]], dtype, hint="pick_y"), hint="L_y"),
-                    b.const([[0, 1]], dtype, hint="L_bias"), hint="L")
-
-    @classmethod
-    def _conv_form_2d(cls, b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
+    def _conv_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
                       ) -> str:
-        """grid = Conv1x1(R, L): the same small-K GEMM as L @ R, but a 1x1 Conv with L as
-        its (H, 2, 1, 1) weight writes (N, H, W, 2) directly, so there is one output-sized
+        """grid = Conv1x1(R, weight=(y_h, 1)): the same small-K GEMM as L @ R, but a 1x1 Conv
+        with L as its (H, 2, 1, 1) weight writes (N, H, W, 2) directly: one output-sized
         pass and no Reshape (which ONNX Runtime copies when the grid is a graph output)."""
-        weight = b.unsqueeze(cls._left(b, y, dtype), [2, 3], hint="L_weight")  # (H, 2, 1, 1)
+        weight = b.pad(b.unsqueeze(y, [1, 2, 3], hint="y4"), [0, 0, 0, 0, 0, 1, 0, 0], 1,
+                       dtype, hint="L_weight")  # (H, 2, 1, 1): (y_h, 1)
+        # Concatenating an empty slice of R (which depends on theta) leaves the weight's
+        # values alone but keeps it from being a constant when `size` is. A constant
+        # weight makes ONNX Runtime's NCHWc layout pass wrap the Conv in reorders, which
+        # measured 3x slower than the dynamic-size graph (2-D, N=8, 512x512).
+        nothing = b.slice(rows, [0, 0, 0], [0, 1, 1], [0, 2, 3], hint="R_none")  # (0,2,1,1)
+        weight = b.op("Concat", weight, nothing, axis=0, hint="L_weight_dynamic")
         return b.op("Conv", rows, weight, hint="grid", out=out)  # rows: (N, 2, W, 2)
 
-    @classmethod
-    def _matmul_form_2d(cls, b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
+    @staticmethod
+    def _matmul_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
                         ) -> str:
         """grid = Reshape(L @ R), for float64 (no Conv kernel): one output-sized MatMul,
         plus a copy when the grid is a graph output."""
-        left = cls._left(b, y, dtype)  # (H, 2)
+        left = b.pad(b.unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, dtype,
+                     hint="L")  # (H, 2): (y_h, 1)
         right = b.op("Reshape", rows, b.ints([0, 0, -1], "R_shape"), hint="R")  # (N, 2, W*2)
         flat = b.op("MatMul", left, right, hint="grid_flat")  # (N, H, W*2)
         return b.op("Reshape", flat, b.ints([0, 0, -1, 2], "grid_shape"), hint="grid", out=out)
