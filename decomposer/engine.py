@@ -589,9 +589,30 @@ def _remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
         report.removed_constants += len(dead)
 
 
+def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model``, or a copy whose external initializers are typed graph inputs: the checker
+    resolves external files against the working directory, and weights are not ours to
+    check (they are copied byte for byte)."""
+    external = [i for i in model.graph.initializer
+                if i.data_location == onnx.TensorProto.EXTERNAL]
+    if not external:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    declared = {value.name for value in copy.graph.input}
+    kept = [i for i in copy.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    for init in external:
+        if init.name not in declared:
+            copy.graph.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))
+    return copy
+
+
 def _check(out: onnx.ModelProto, report: Report) -> None:
     try:
-        onnx.checker.check_model(out, full_check=True)
+        onnx.checker.check_model(_checkable(out), full_check=True)
     except Exception as exc:
         if report.unsupported:
             # Kept custom nodes in the default domain make the checker fail by design.

@@ -19,7 +19,9 @@ Guarantees:
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -153,8 +155,11 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
     """Write ``model`` to ``path`` atomically.
 
     External tensors are copied, in order, from their files under ``source_dir`` into one
-    data file named ``<output file name>.data`` next to ``path`` and re-pointed at it.
-    ``model`` itself is not modified. The output folder must exist.
+    fresh data file next to ``path``, named ``<output file name>.<content hash>.data``, and
+    re-pointed at it. The data file is in place before the model file is replaced, so an
+    existing output is never paired with the wrong data; the data file the previous output
+    used is removed afterwards if it follows the same naming scheme. ``model`` itself is not
+    modified. The output folder must exist.
     """
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
@@ -166,7 +171,8 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
     out = model
     externals = list(external_tensors(model))
     data_tmp: Path | None = None
-    data_name = target.name + ".data"
+    data_name: str | None = None
+    stale = _our_data_files(target)
     try:
         if externals:
             if source_dir is None:
@@ -174,17 +180,21 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
                                    "unknown; load it with decomposer.load_model")
             out = onnx.ModelProto()
             out.CopyFrom(model)
-            data_tmp = _write_external_data(out, Path(source_dir), folder, data_name)
+            data_tmp, data_name = _write_external_data(out, Path(source_dir), folder,
+                                                       target.name)
         payload = out.SerializeToString(deterministic=True)
         model_tmp = _write_temp(folder, target.name, [payload])
         try:
-            if data_tmp is not None:
+            if data_tmp is not None and data_name is not None:
                 os.replace(data_tmp, folder / data_name)
                 data_tmp = None
             os.replace(model_tmp, target)
         except BaseException:
             model_tmp.unlink(missing_ok=True)
             raise
+        for old in stale:
+            if old.name != data_name:
+                old.unlink(missing_ok=True)
     except OSError as exc:
         raise ModelIOError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     except ValueError as exc:  # protobuf refuses to serialize > 2 GiB inline
@@ -194,8 +204,33 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
             data_tmp.unlink(missing_ok=True)
 
 
+def _data_file_pattern(model_name: str) -> re.Pattern[str]:
+    return re.compile(re.escape(model_name) + r"\.[0-9a-f]{16}\.data")
+
+
+def _our_data_files(target: Path) -> list[Path]:
+    """Data files an existing output at ``target`` points to that decomposer named."""
+    if not target.is_file():
+        return []
+    try:
+        previous = onnx.ModelProto.FromString(target.read_bytes())
+    except Exception:  # not ours to understand: leave everything alone
+        return []
+    pattern = _data_file_pattern(target.name)
+    names = {_external_info(t).get("location", "") for t in external_tensors(previous)}
+    return [target.parent / name for name in sorted(names) if pattern.fullmatch(name)]
+
+
+def _file_mode() -> int:
+    """What a plainly created file gets (0666 less the umask); mkstemp would give 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def _write_temp(folder: Path, name: str, chunks: list[bytes]) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
+    os.fchmod(fd, _file_mode())
     try:
         with os.fdopen(fd, "wb") as handle:
             for chunk in chunks:
@@ -209,10 +244,18 @@ def _write_temp(folder: Path, name: str, chunks: list[bytes]) -> Path:
 
 
 def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
-                         data_name: str) -> Path:
-    """Stream every external tensor into a fresh temp data file; re-point the tensors."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{data_name}.", suffix=".tmp", dir=folder)
+                         model_name: str) -> tuple[Path, str]:
+    """Stream every external tensor into a fresh temp data file and re-point the tensors.
+
+    Returns the temp file and the name it must get: ``<model_name>.<hash>.data``, the hash
+    being of the data written, so equal outputs get equal names (a re-run replaces the file
+    with identical bytes instead of growing anything).
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{model_name}.", suffix=".data.tmp", dir=folder)
+    os.fchmod(fd, _file_mode())
     tmp_path = Path(tmp)
+    digest = hashlib.sha256()
+    placeholder = model_name + ".0000000000000000.data"
     try:
         with os.fdopen(fd, "wb") as out:
             for tensor in external_tensors(model):
@@ -224,7 +267,9 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
                 # Keep the 4 KiB alignment onnx uses, so memory-mapping readers stay fast.
                 position = out.tell()
                 aligned = (position + 4095) // 4096 * 4096
-                out.write(b"\0" * (aligned - position))
+                padding = b"\0" * (aligned - position)
+                out.write(padding)
+                digest.update(padding)
                 with open(source, "rb") as handle:
                     handle.seek(offset)
                     remaining = length
@@ -234,11 +279,12 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
                             raise ModelIOError(f"external data for tensor '{tensor.name}' "
                                                f"ended early in '{source.name}'")
                         out.write(chunk)
+                        digest.update(chunk)
                         remaining -= len(chunk)
                 kept = [(e.key, e.value) for e in tensor.external_data
                         if e.key not in ("location", "offset", "length")]
                 del tensor.external_data[:]
-                for key, value in [("location", data_name), ("offset", str(aligned)),
+                for key, value in [("location", placeholder), ("offset", str(aligned)),
                                    ("length", str(length)), *kept]:
                     entry = tensor.external_data.add()
                     entry.key, entry.value = key, value
@@ -247,4 +293,9 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
-    return tmp_path
+    data_name = f"{model_name}.{digest.hexdigest()[:16]}.data"
+    for tensor in external_tensors(model):
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = data_name
+    return tmp_path, data_name

@@ -24,6 +24,7 @@ from decomposer.builder import Builder, numpy_dtype
 from decomposer.pattern import MatchContext, Reject
 
 INT64_MIN = -(2**63)
+MAX_RANK = 64
 
 # Mul's types at every opset >= 11, and the ones Mul-14 added.
 _MUL_TYPES = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
@@ -59,6 +60,9 @@ def rotation_facts(x: str, turns: int, dims: tuple[int, int], scale: float,
                      f"or a typed graph input) so the last two axes can be transposed")
     if len(shape) < 2:
         raise Reject(f"input '{x}' has rank {len(shape)}; rotating needs rank >= 2")
+    if len(shape) > MAX_RANK:
+        # The Transpose perm grows with the rank; refuse absurd ranks rather than build.
+        raise Reject(f"input '{x}' has rank {len(shape)}; ranks above {MAX_RANK} are refused")
     if not np.isfinite(scale):
         raise Reject(f"scale {scale} is not finite")
     # dims (-1, -2) turns the other way: rot90(x, k, (-1, -2)) == rot90(x, -k, (-2, -1)).
