@@ -42,6 +42,7 @@ from decomposer.report import NodeIssue, ReplacedNode, Report
 log = logging.getLogger("decomposer")
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_MAX_OPSET_VERSION = 2**31 - 1  # onnx.defs takes a C int
 
 
 def _norm_domain(domain: str) -> str:
@@ -339,6 +340,10 @@ class _Rewriter:
             return None
         pattern, form = found
         opset = opsets.get("", 0)
+        if opset == 0:
+            reject("the model imports no default-domain opset, so standard ops cannot be "
+                   f"added; import one (opset {MIN_OPSET} or newer) in opset_import")
+            return None
         if opset < MIN_OPSET:
             reject(f"the model's default opset is {opset}; decomposer emits opset "
                    f"{MIN_OPSET}+ ops: convert the model first with "
@@ -430,9 +435,12 @@ def _validate(model: onnx.ModelProto) -> None:
                                 "model")
     if not model.HasField("graph"):
         raise InvalidModelError("the model has no graph")
-    if "" not in _opset_map(list(model.opset_import)):
-        raise InvalidModelError("the model imports no default-domain opset; every exported "
-                                "model has one (opset_import domain '')")
+    imports = [*model.opset_import, *(i for f in model.functions for i in f.opset_import)]
+    for imp in imports:
+        if not 1 <= imp.version <= _MAX_OPSET_VERSION:
+            raise InvalidModelError(f"opset_import of domain '{imp.domain}' has version "
+                                    f"{imp.version}; versions run from 1 (ONNX's newest is "
+                                    f"{onnx.defs.onnx_opset_version()})")
 
 
 def run(model: onnx.ModelProto, *, registry: Registry | None = None,
@@ -441,12 +449,18 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     _validate(model)
     registry = registry if registry is not None else default_registry()
     opsets = _opset_map(list(model.opset_import))
-    report = Report(opset=opsets[""])
+    report = Report(opset=opsets.get("", 0))
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    local = {(f.domain, f.name) for f in model.functions}
-    if not _has_candidate(out, _OpClassifier(local)):
+    classifier = _OpClassifier({(f.domain, f.name) for f in model.functions})
+    if not _has_candidate(out, classifier):
+        # Nothing to rewrite: hand the model back as it is, after the structural check
+        # (full_check's strict shape inference rejects even some of ONNX's own test models).
+        if check:
+            _check_input(model, classifier, full=False)
         return out, report
+    if check:
+        _check_input(model, classifier, full=True)
 
     rewriter = _Rewriter(out, registry, report)
     main = _Namespace("main graph", opsets, nodes_before=list(_all_nodes(model.graph)))
@@ -465,7 +479,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             break
         rewriter.types = _TypeInfo(out)
     for job in functions:
-        job.finish(report, opsets[""])
+        job.finish(report, opsets.get("", 0))
 
     if report.unsupported and not allow_unsupported:
         lines = "\n  ".join(issue.describe() for issue in report.unsupported)
@@ -478,7 +492,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
                          _used_domains(_all_nodes(out.graph)), report,
                          keep=_function_domains(out))
     if check:
-        _check(out, report)
+        _check_output(out, classifier)
     return out, report
 
 
@@ -589,40 +603,66 @@ def _remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
         report.removed_constants += len(dead)
 
 
-def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model``, or a copy whose external initializers are typed graph inputs: the checker
-    resolves external files against the working directory, and weights are not ours to
-    check (they are copied byte for byte)."""
-    external = [i for i in model.graph.initializer
-                if i.data_location == onnx.TensorProto.EXTERNAL]
-    if not external:
-        return model
+OPAQUE_DOMAIN = "decomposer.opaque"
+
+
+def _checkable(model: onnx.ModelProto, classifier: _OpClassifier) -> onnx.ModelProto:
+    """A copy of ``model`` that ``onnx.checker`` can judge on everything but custom nodes.
+
+    Non-standard nodes move to a domain the checker does not know (it skips those), and
+    external initializers become typed graph inputs: the checker would resolve their files
+    against the working directory, and weights are copied byte for byte, not rewritten.
+    """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    declared = {value.name for value in copy.graph.input}
-    kept = [i for i in copy.graph.initializer if i.data_location != onnx.TensorProto.EXTERNAL]
-    del copy.graph.initializer[:]
-    copy.graph.initializer.extend(kept)
-    for init in external:
-        if init.name not in declared:
-            copy.graph.input.append(onnx.helper.make_tensor_value_info(
-                init.name, init.data_type, list(init.dims)))
+    opsets = _opset_map(list(copy.opset_import))
+    opaque = False
+    for node in _all_nodes(copy.graph):
+        if not classifier.is_standard(node, opsets):
+            node.domain, opaque = OPAQUE_DOMAIN, True
+    for function in copy.functions:
+        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
+        for node in _function_nodes(function):
+            if not classifier.is_standard(node, f_opsets):
+                node.domain = OPAQUE_DOMAIN
+                if not any(i.domain == OPAQUE_DOMAIN for i in function.opset_import):
+                    function.opset_import.append(onnx.helper.make_opsetid(OPAQUE_DOMAIN, 1))
+                opaque = True
+    if opaque:
+        copy.opset_import.append(onnx.helper.make_opsetid(OPAQUE_DOMAIN, 1))
+    external = [i for i in copy.graph.initializer
+                if i.data_location == onnx.TensorProto.EXTERNAL]
+    if external:
+        declared = {value.name for value in copy.graph.input}
+        kept = [i for i in copy.graph.initializer
+                if i.data_location != onnx.TensorProto.EXTERNAL]
+        del copy.graph.initializer[:]
+        copy.graph.initializer.extend(kept)
+        for init in external:
+            if init.name not in declared:
+                copy.graph.input.append(onnx.helper.make_tensor_value_info(
+                    init.name, init.data_type, list(init.dims)))
     return copy
 
 
-def _check(out: onnx.ModelProto, report: Report) -> None:
+def _check_input(model: onnx.ModelProto, classifier: _OpClassifier, full: bool) -> None:
+    """Refuse an input that is invalid apart from its custom nodes: that is not ours to fix,
+    and it would otherwise look like a decomposer bug once rewritten."""
     try:
-        onnx.checker.check_model(_checkable(out), full_check=True)
+        onnx.checker.check_model(_checkable(model, classifier), full_check=full)
     except Exception as exc:
-        if report.unsupported:
-            # Kept custom nodes in the default domain make the checker fail by design.
-            log.warning("onnx.checker does not accept the output while unsupported nodes "
-                        "remain: %s", _first_line(exc))
-            return
-        hint = ("if the input model is itself invalid apart from its custom nodes, fix it "
-                "or pass --no-check; otherwise this is a decomposer bug: please report it")
-        raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check): "
-                               f"{_first_line(exc)}; {hint}") from exc
+        raise InvalidModelError(f"the input model is invalid (onnx.checker, ignoring its "
+                                f"custom nodes): {_first_line(exc)}; fix the export, or "
+                                f"pass --no-check to rewrite it anyway") from exc
+
+
+def _check_output(out: onnx.ModelProto, classifier: _OpClassifier) -> None:
+    try:
+        onnx.checker.check_model(_checkable(out, classifier), full_check=True)
+    except Exception as exc:
+        raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check) although "
+                               f"the input passed: {_first_line(exc)}; this is a decomposer "
+                               f"or pattern bug: please report it with the model") from exc
 
 
 def _first_line(exc: BaseException) -> str:

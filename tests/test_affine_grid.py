@@ -281,11 +281,18 @@ def _rejection(model) -> str:
 
 
 def test_unknown_rank_is_rejected_with_reason():
-    model = affine_model()
-    theta = model.graph.input[0].type.tensor_type.shape
-    for dim in theta.dim:
-        dim.dim_param = "unknown"
-    model.graph.input[1].type.tensor_type.ClearField("shape")
+    # theta and size both come out of a Reshape to a run-time shape: rank and length unknown.
+    reshapes = [helper.make_node("Reshape", ["theta_raw", "theta_shape"], ["theta"]),
+                helper.make_node("Reshape", ["size_raw", "size_shape"], ["size"])]
+    inputs = [helper.make_tensor_value_info("theta_raw", TensorProto.FLOAT, ["A"]),
+              helper.make_tensor_value_info("theta_shape", TensorProto.INT64, ["R"]),
+              helper.make_tensor_value_info("size_raw", TensorProto.INT64, ["B"]),
+              helper.make_tensor_value_info("size_shape", TensorProto.INT64, ["S"])]
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="affine",
+                            domain="custom.ops")
+    model = make_model([*reshapes, node], inputs,
+                       [helper.make_tensor_value_info("grid", TensorProto.FLOAT, [None] * 4)],
+                       16, extra_opsets=["custom.ops"])
     assert "cannot tell 2-D from 3-D" in _rejection(model)
 
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _helpers import make_model, run_onnxruntime
 from onnx import TensorProto, helper, numpy_helper
 
 import decomposer
 from decomposer.cli import main
+
+from _helpers import make_model, run_onnxruntime
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "tests" / "data" / "stn_custom.onnx"

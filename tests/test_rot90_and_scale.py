@@ -72,10 +72,17 @@ def test_ranks(shape):
 
 
 def _single(attrs, x_type=TensorProto.FLOAT, dims=("N", "C", "H", "W"), opset=18):
+    """One Rot90AndScale node; ``dims`` None feeds it from a Reshape to a run-time shape,
+    so its input's rank is unknown."""
     node = helper.make_node("Rot90AndScale", ["x"], ["y"], name="rot", domain="custom.ops",
                             **attrs)
-    x = helper.make_tensor_value_info("x", x_type, None if dims is None else list(dims))
-    return make_model([node], [x], [helper.make_tensor_value_info("y", x_type, [None] * 4)],
+    if dims is None:
+        inputs = [helper.make_tensor_value_info("flat", x_type, ["A"]),
+                  helper.make_tensor_value_info("shape", TensorProto.INT64, ["R"])]
+        nodes = [helper.make_node("Reshape", ["flat", "shape"], ["x"]), node]
+    else:
+        inputs, nodes = [helper.make_tensor_value_info("x", x_type, list(dims))], [node]
+    return make_model(nodes, inputs, [helper.make_tensor_value_info("y", x_type, [None] * 4)],
                       opset, extra_opsets=["custom.ops"])
 
 
