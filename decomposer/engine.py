@@ -435,6 +435,17 @@ def _validate(model: onnx.ModelProto) -> None:
                                 "model")
     if not model.HasField("graph"):
         raise InvalidModelError("the model has no graph")
+    # A negative static dim is not ONNX, and onnx's own shape inference aborts the process
+    # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes.
+    for graph in _all_graphs(model.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            if value.type.HasField("tensor_type"):
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.HasField("dim_value") and dim.dim_value < 0:
+                        raise InvalidModelError(
+                            f"tensor '{value.name}' declares dimension {dim.dim_value}; "
+                            f"dimensions must be >= 0 (use a dim_param name for a dynamic "
+                            f"one)")
     imports = [*model.opset_import, *(i for f in model.functions for i in f.opset_import)]
     for imp in imports:
         if not 1 <= imp.version <= _MAX_OPSET_VERSION:
