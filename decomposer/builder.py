@@ -49,6 +49,22 @@ def numpy_dtype(onnx_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
 
 
+ConstantKey = tuple[str, tuple[int, ...], bytes]
+ConstantPool = dict[ConstantKey, str]  # constant value -> name of the tensor holding it
+
+_TENSOR_CACHE: dict[ConstantKey, onnx.TensorProto] = {}
+
+
+def _tensor_for(key: ConstantKey, array: np.ndarray) -> onnx.TensorProto:
+    """An unnamed TensorProto for a small constant, converted once per process."""
+    tensor = _TENSOR_CACHE.get(key)
+    if tensor is None:
+        tensor = numpy_helper.from_array(array)
+        if len(_TENSOR_CACHE) < 4096:
+            _TENSOR_CACHE[key] = tensor
+    return tensor
+
+
 class NameAllocator:
     """Hands out names that collide with nothing already in the model, deterministically.
 
@@ -88,6 +104,7 @@ class Builder:
         prefix: str,
         tensor_names: NameAllocator,
         node_names: NameAllocator,
+        constant_pool: ConstantPool | None = None,
     ) -> None:
         if opset < MIN_OPSET:
             raise ValueError(f"opset {opset} is below the minimum {MIN_OPSET}")
@@ -96,7 +113,9 @@ class Builder:
         self.nodes: list[onnx.NodeProto] = []
         self._tensor_names = tensor_names
         self._node_names = node_names
-        self._constants: dict[tuple[str, tuple[int, ...], bytes], str] = {}
+        # Constants already emitted earlier in the same graph (same pass) are reused, so a
+        # model with thousands of replaced nodes does not carry thousands of equal Constants.
+        self._constants: ConstantPool = constant_pool if constant_pool is not None else {}
 
     # -- generic -------------------------------------------------------------------------
 
@@ -132,21 +151,31 @@ class Builder:
         if outs is None:
             outs = [self._tensor_names.fresh(f"{base}_out{i}" if num_outputs > 1 else base)
                     for i in range(num_outputs)]
-        node = helper.make_node(op_type, list(inputs), list(outs), name=node_name, **attrs)
+        # Built field by field: helper.make_node costs several times more, and decomposing
+        # thousands of nodes makes tens of thousands of these.
+        node = onnx.NodeProto(op_type=op_type, name=node_name)
+        node.input.extend(inputs)
+        node.output.extend(outs)
+        if attrs:
+            node.attribute.extend(helper.make_attribute(key, value)
+                                  for key, value in sorted(attrs.items()))
         self.nodes.append(node)
         return list(outs)
 
     def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
-        """A ``Constant`` node holding ``value``; equal constants are emitted once."""
+        """A ``Constant`` node holding ``value``; equal constants are emitted once per graph
+        (per pass), the first time one is needed, so every later use follows it."""
         array = np.asarray(value, dtype=dtype)
         key = (array.dtype.str, array.shape, array.tobytes())
         cached = self._constants.get(key)
         if cached is not None:
             return cached
         name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
-        tensor = numpy_helper.from_array(array, name=name)
-        node = helper.make_node("Constant", [], [name], name=self._node_names.fresh(name),
-                                value=tensor)
+        node = onnx.NodeProto(op_type="Constant", name=self._node_names.fresh(name))
+        node.output.append(name)
+        value = node.attribute.add()
+        value.name, value.type = "value", onnx.AttributeProto.TENSOR
+        value.t.CopyFrom(_tensor_for(key, array))
         self.nodes.append(node)
         self._constants[key] = name
         return name

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, numpy_helper
 
-from decomposer.builder import MIN_OPSET, Builder, NameAllocator
+from decomposer.builder import MIN_OPSET, Builder, ConstantPool, NameAllocator
 from decomposer.errors import (
     CheckFailedError,
     InvalidModelError,
@@ -309,6 +309,7 @@ class _Rewriter:
         graph = scope.graph
         new_nodes: list[onnx.NodeProto] = []
         changed = False
+        pool: ConstantPool = {}  # constants shared by this graph's replacements, this pass
         for node in graph.node:
             for attr_label, sub in _subgraphs(node):
                 label = f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"
@@ -316,7 +317,7 @@ class _Rewriter:
             if self.classifier.is_standard(node, opsets):
                 new_nodes.append(node)
                 continue
-            replacement = self._rewrite_node(node, scope, opsets)
+            replacement = self._rewrite_node(node, scope, opsets, pool)
             if replacement is None:
                 new_nodes.append(node)
                 continue
@@ -327,8 +328,8 @@ class _Rewriter:
             del graph.node[:]
             graph.node.extend(new_nodes)
 
-    def _rewrite_node(self, node: onnx.NodeProto, scope: _Scope,
-                      opsets: dict[str, int]) -> list[onnx.NodeProto] | None:
+    def _rewrite_node(self, node: onnx.NodeProto, scope: _Scope, opsets: dict[str, int],
+                      pool: ConstantPool) -> list[onnx.NodeProto] | None:
         def reject(reason: str) -> None:
             self.report.unsupported.append(
                 NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
@@ -350,7 +351,8 @@ class _Rewriter:
                    f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
             return None
         prefix = node.name or (node.output[0] if node.output else node.op_type)
-        builder = Builder(opset, prefix, self.tensor_names, self.node_names)
+        builder = Builder(opset, prefix, self.tensor_names, self.node_names,
+                          constant_pool=pool)
         try:
             attrs = pattern.match_attributes(node, form)
             matched = MatchedNode(node, form, attrs)

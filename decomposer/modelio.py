@@ -245,57 +245,74 @@ def _write_temp(folder: Path, name: str, chunks: list[bytes]) -> Path:
 
 def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
                          model_name: str) -> tuple[Path, str]:
-    """Stream every external tensor into a fresh temp data file and re-point the tensors.
+    """Copy every external tensor into a fresh temp data file and re-point the tensors.
 
-    Returns the temp file and the name it must get: ``<model_name>.<hash>.data``, the hash
-    being of the data written, so equal outputs get equal names (a re-run replaces the file
-    with identical bytes instead of growing anything).
+    Returns the temp file and the name it must get: ``<model_name>.<id>.data``. The id
+    hashes the tensor table and the identity of the source files (path, size, mtime,
+    inode): the same input gives the same name, so a re-run replaces the file instead of
+    adding one, while changed weights get a new name and an existing output never points
+    at half-replaced data. Bytes move with ``copy_file_range`` (in-kernel, reflinked where
+    the filesystem can), falling back to a buffered copy.
     """
     fd, tmp = tempfile.mkstemp(prefix=f".{model_name}.", suffix=".data.tmp", dir=folder)
     os.fchmod(fd, _file_mode())
     tmp_path = Path(tmp)
-    digest = hashlib.sha256()
+    identity = hashlib.sha256()
     placeholder = model_name + ".0000000000000000.data"
+    position = 0
     try:
-        with os.fdopen(fd, "wb") as out:
-            for tensor in external_tensors(model):
-                source = _check_external_reference(tensor, source_dir)
-                info = _external_info(tensor)
-                offset = int(info.get("offset", "0"))
-                size = os.stat(source).st_size
-                length = int(info["length"]) if "length" in info else size - offset
-                # Keep the 4 KiB alignment onnx uses, so memory-mapping readers stay fast.
-                position = out.tell()
-                aligned = (position + 4095) // 4096 * 4096
-                padding = b"\0" * (aligned - position)
-                out.write(padding)
-                digest.update(padding)
-                with open(source, "rb") as handle:
-                    handle.seek(offset)
-                    remaining = length
-                    while remaining:
-                        chunk = handle.read(min(_COPY_CHUNK, remaining))
-                        if not chunk:
-                            raise ModelIOError(f"external data for tensor '{tensor.name}' "
-                                               f"ended early in '{source.name}'")
-                        out.write(chunk)
-                        digest.update(chunk)
-                        remaining -= len(chunk)
-                kept = [(e.key, e.value) for e in tensor.external_data
-                        if e.key not in ("location", "offset", "length")]
-                del tensor.external_data[:]
-                for key, value in [("location", placeholder), ("offset", str(aligned)),
-                                   ("length", str(length)), *kept]:
-                    entry = tensor.external_data.add()
-                    entry.key, entry.value = key, value
-            out.flush()
-            os.fsync(out.fileno())
+        for tensor in external_tensors(model):
+            source = _check_external_reference(tensor, source_dir)
+            info = _external_info(tensor)
+            status = os.stat(source)
+            offset = int(info.get("offset", "0"))
+            length = int(info["length"]) if "length" in info else status.st_size - offset
+            # Keep the 4 KiB alignment onnx uses, so memory-mapping readers stay fast.
+            aligned = (position + 4095) // 4096 * 4096
+            identity.update(repr((tensor.name, source.name, offset, length, status.st_size,
+                                  status.st_mtime_ns, status.st_ino)).encode())
+            with open(source, "rb") as handle:
+                _copy_range(handle.fileno(), offset, fd, aligned, length, tensor.name)
+            position = aligned + length
+            kept = [(e.key, e.value) for e in tensor.external_data
+                    if e.key not in ("location", "offset", "length")]
+            del tensor.external_data[:]
+            for key, value in [("location", placeholder), ("offset", str(aligned)),
+                               ("length", str(length)), *kept]:
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+        os.ftruncate(fd, position)
+        os.fsync(fd)
     except BaseException:
         tmp_path.unlink(missing_ok=True)
         raise
-    data_name = f"{model_name}.{digest.hexdigest()[:16]}.data"
+    finally:
+        os.close(fd)
+    data_name = f"{model_name}.{identity.hexdigest()[:16]}.data"
     for tensor in external_tensors(model):
         for entry in tensor.external_data:
             if entry.key == "location":
                 entry.value = data_name
     return tmp_path, data_name
+
+
+def _copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, length: int,
+                tensor_name: str) -> None:
+    """Copy ``length`` bytes between file offsets, in the kernel when it can."""
+    copied = 0
+    use_kernel = hasattr(os, "copy_file_range")
+    while copied < length:
+        count = min(length - copied, 1 << 30)
+        done = 0
+        if use_kernel:
+            try:
+                done = os.copy_file_range(src_fd, dst_fd, count, src_offset + copied,
+                                          dst_offset + copied)
+            except OSError:  # e.g. EXDEV on old kernels, or an unsupported filesystem
+                use_kernel = False
+        if not use_kernel:
+            chunk = os.pread(src_fd, min(count, _COPY_CHUNK), src_offset + copied)
+            done = os.pwrite(dst_fd, chunk, dst_offset + copied) if chunk else 0
+        if done == 0:
+            raise ModelIOError(f"external data for tensor '{tensor_name}' ends early")
+        copied += done
