@@ -448,6 +448,15 @@ def _validate(model: onnx.ModelProto) -> None:
                             f"tensor '{value.name}' declares dimension {dim.dim_value}; "
                             f"dimensions must be >= 0 (use a dim_param name for a dynamic "
                             f"one)")
+    # onnx.proto is proto2: a string field may hold bytes that are not UTF-8, which
+    # protobuf then hands back as bytes. Such names cannot be matched or written safely.
+    nodes = [*_all_nodes(model.graph), *(n for f in model.functions for n in _function_nodes(f))]
+    for node in nodes:
+        fields = [node.op_type, node.domain, node.name, *node.input, *node.output]
+        if not all(isinstance(text, str) for text in fields):
+            raise InvalidModelError(f"node {node.name!r} ({node.domain!r}::{node.op_type!r}) "
+                                    f"has a name, op_type, domain or tensor name that is not "
+                                    f"valid UTF-8")
     imports = [*model.opset_import, *(i for f in model.functions for i in f.opset_import)]
     for imp in imports:
         if not 1 <= imp.version <= _MAX_OPSET_VERSION:

@@ -169,8 +169,9 @@ def main(argv: list[str] | None = None) -> int:
             external["wall_ratio"] = external["decomposer_wall_s"] / external["load_save_wall_s"]
             results["external"] = external
             print(f"{args.weights_mib} MiB external weights, 2 custom nodes: decomposer "
-                  f"{external['decomposer_wall_s']:.2f} s / {external['decomposer_peak_rss_mib']:.0f}"
-                  f" MiB peak vs onnx.load+save {external['load_save_wall_s']:.2f} s / "
+                  f"{external['decomposer_wall_s']:.2f} s / "
+                  f"{external['decomposer_peak_rss_mib']:.0f} MiB peak vs onnx.load+save "
+                  f"{external['load_save_wall_s']:.2f} s / "
                   f"{external['load_save_peak_rss_mib']:.0f} MiB peak: "
                   f"{external['wall_ratio']:.2f}x wall")
     target = Path(args.json)
