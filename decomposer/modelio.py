@@ -34,6 +34,7 @@ from onnx import AttributeProto, TensorProto
 from decomposer.errors import InvalidModelError, ModelIOError
 
 _COPY_CHUNK = 16 << 20
+_WRITEBACK_CHUNK = 64 << 20
 
 
 def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
@@ -302,7 +303,7 @@ def _copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, leng
     copied = 0
     use_kernel = hasattr(os, "copy_file_range")
     while copied < length:
-        count = min(length - copied, 1 << 30)
+        count = min(length - copied, _WRITEBACK_CHUNK)
         done = 0
         if use_kernel:
             try:
@@ -315,4 +316,8 @@ def _copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, leng
             done = os.pwrite(dst_fd, chunk, dst_offset + copied) if chunk else 0
         if done == 0:
             raise ModelIOError(f"external data for tensor '{tensor_name}' ends early")
+        if hasattr(os, "posix_fadvise"):
+            # Start writing this chunk to disk now (without waiting), so the final fsync
+            # overlaps with the copy instead of following it.
+            os.posix_fadvise(dst_fd, dst_offset + copied, done, os.POSIX_FADV_DONTNEED)
         copied += done

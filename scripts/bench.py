@@ -233,9 +233,18 @@ def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
                                variants["native"].result(),  # type: ignore[attr-defined]
                                atol=1e-4, rtol=1e-4)
 
-    # Calibrate repeats so one timing is ~20 ms of native work.
-    native_once = _time(variants["native"], 3)
-    repeat = max(1, min(200, int(0.02 / max(native_once, 1e-6))))
+    result = _measure(label, list(size), threads, rounds, variants, "native",
+                      {"gridsample": gridsample, "failed": failures})
+    result["ratio_to_native"] = result["ratio_to_baseline"]
+    return result
+
+
+def _measure(label: str, size: list[int], threads: int, rounds: int,
+             variants: dict[str, Callable[[], None]], baseline: str, extra: dict) -> dict:
+    """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
+    # Calibrate repeats so one timing is ~20 ms of baseline work.
+    once = _time(variants[baseline], 3)
+    repeat = max(1, min(200, int(0.02 / max(once, 1e-6))))
     for fn in variants.values():  # warm-up
         _time(fn, 2)
     times: dict[str, list[float]] = {name: [] for name in variants}
@@ -247,14 +256,75 @@ def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
         this_round = {name: _time(variants[name], repeat) for name in order}
         for name, seconds in this_round.items():
             times[name].append(seconds)
-            ratios[name].append(seconds / this_round["native"])
+            ratios[name].append(seconds / this_round[baseline])
     return {
-        "case": label, "size": list(size), "threads": threads, "gridsample": gridsample,
-        "repeat": repeat, "rounds": rounds,
+        "case": label, "size": size, "threads": threads, "repeat": repeat, "rounds": rounds,
+        "baseline": baseline,
         "median_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
-        "ratio_to_native": {name: statistics.median(v) for name, v in ratios.items()},
-        "failed": failures,
+        "ratio_to_baseline": {name: statistics.median(v) for name, v in ratios.items()},
+        **extra,
     }
+
+
+ROTATION_CASES = [("rot k=1 1x3x224x224", (1, 3, 224, 224), 1),
+                  ("rot k=2 8x3x224x224", (8, 3, 224, 224), 2),
+                  ("rot k=3 8x64x128x96", (8, 64, 128, 96), 3)]
+
+
+def _rotation_models(shape, k: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """(decomposed Rot90AndScale(k, scale 1.5), hand-written Slice+Transpose+Mul)."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "H", "W"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)
+    custom = helper.make_graph(
+        [helper.make_node("Rot90AndScale", ["x"], ["y"], domain="custom.ops", k=k, scale=1.5)],
+        "rot", [x], [y])
+    decomposed = decomposer.decompose(helper.make_model(
+        custom, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)],
+        ir_version=8))
+    ints = lambda name, v: onnx.numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    if k == 2:
+        nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["r"])]
+        inits = [ints("s", [-1, -1]), ints("e", [-2**63, -2**63]), ints("a", [2, 3]),
+                 ints("st", [-1, -1])]
+    else:
+        nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["f"]),
+                 helper.make_node("Transpose", ["f"], ["r"], perm=[0, 1, 3, 2])]
+        inits = [ints("s", [-1]), ints("e", [-2**63]), ints("a", [3 if k == 1 else 2]),
+                 ints("st", [-1])]
+    nodes.append(helper.make_node("Mul", ["r", "scale"], ["y"]))
+    inits.append(onnx.numpy_helper.from_array(np.array(1.5, np.float32), "scale"))
+    bare = helper.make_model(helper.make_graph(nodes, "bare", [x], [y], initializer=inits),
+                             opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return decomposed, bare
+
+
+def bench_rotation(label: str, shape, k: int, threads: int, rounds: int) -> dict:
+    x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+    decomposed, bare = _rotation_models(shape, k)
+    variants: dict[str, Callable[[], None]] = {
+        "bare": OrtRunner(bare, {"x": x}, threads),
+        "decomposer": OrtRunner(decomposed, {"x": x}, threads)}
+    np.testing.assert_array_equal(variants["decomposer"].result(),  # type: ignore[attr-defined]
+                                  variants["bare"].result())  # type: ignore[attr-defined]
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+        xt = torch.from_numpy(x)
+        variants["torch_eager"] = lambda: (torch.rot90(xt, k, [2, 3]) * 1.5).contiguous()
+    except ImportError:
+        pass
+    return _measure(label, list(shape), threads, rounds, variants, "bare",
+                    {"k": k, "kind": "rotation"})
+
+
+def _print_rotation_table(results: list[dict]) -> None:
+    print(f"{'case':<22} {'thr':>3} {'bare ms':>8} {'decomposer':>11} {'torch_eager':>12}")
+    for r in results:
+        ratios = r["ratio_to_baseline"]
+        eager = f"{ratios['torch_eager']:>11.2f}x" if "torch_eager" in ratios else f"{'-':>12}"
+        print(f"{r['case']:<22} {r['threads']:>3} {r['median_ms']['bare']:>8.3f} "
+              f"{ratios['decomposer']:>10.2f}x {eager}")
 
 
 def _print_table(results: list[dict]) -> None:
@@ -283,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", help="substrings of case labels to run")
     parser.add_argument("--gridsample", action="store_true",
                         help="also measure the grid feeding GridSample")
+    parser.add_argument("--rotation", action="store_true",
+                        help="also measure Rot90AndScale against a bare Slice+Transpose")
     parser.add_argument("--json", default="bench-results/bench.json")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
@@ -299,12 +371,20 @@ def main(argv: list[str] | None = None) -> int:
                 _print_table(results[-1:])
     print()
     _print_table(results)
+    rotation = []
+    if args.rotation:
+        for label, shape, k in ROTATION_CASES:
+            for threads in args.threads:
+                rotation.append(bench_rotation(label, shape, k, threads, rounds))
+        print()
+        _print_rotation_table(rotation)
     meta = {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": ort.__version__, "onnx": onnx.__version__}
     target = Path(args.json)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    target.write_text(json.dumps({"meta": meta, "results": results, "rotation": rotation},
+                                 indent=2))
     print(f"\nwrote {target}")
     return 0
 

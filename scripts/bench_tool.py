@@ -121,6 +121,12 @@ def rss_of(command: list[str]) -> tuple[float, float]:
     return elapsed, int(line.split()[1]) / 1024
 
 
+def _clear(folder: Path, model_name: str) -> None:
+    for path in folder.glob(model_name + "*"):
+        path.unlink()
+    (folder / "baseline.data").unlink(missing_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, nargs="+", default=[300, 3000, 30000])
@@ -155,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
             script.write_text(LOAD_SAVE)
             tool, plain = [], []
             for _ in range(args.repeat):
+                # Both write fresh files (a previous run's output is removed untimed): onnx's
+                # save would otherwise append to its old data file, and decomposer would
+                # pay for freeing its old one.
+                _clear(folder, "out.onnx")
                 os.sync()
                 tool.append(rss_of(["decomposer", str(src), str(folder / "out.onnx"), "-q"]))
+                _clear(folder, "baseline.onnx")
                 os.sync()
                 plain.append(rss_of([str(script), str(src), str(folder / "baseline.onnx")]))
             external = {
