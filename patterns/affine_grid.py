@@ -112,14 +112,17 @@ class AffineGrid(Pattern):
         x = coords(k + 1, "x")  # along W
         # R[n, r, w, c] = sum_j G[r, w, j] * theta[n, c, j]; rows r are the coefficient of
         # z (3-D), of y, then the constant row x_w * theta[n, c, 0] + theta[n, c, k].
+        # In 3-D, G and R carry one more unit axis, so R comes out as (N, 3, 1, W, 3),
+        # ready to broadcast against (D, H) without another Unsqueeze.
         scale_rows, offset_rows = _selector_rows(k, dtype)
+        x_axes, theta_axes = ([0, 2], [1]) if k == 2 else ([0, 1, 3], [1, 2])
         g = b.op("Add",
-                 b.op("Mul", b.unsqueeze(x, [0, 2], hint="x_row"),
+                 b.op("Mul", b.unsqueeze(x, x_axes, hint="x_row"),
                       b.const(scale_rows, hint="G_scale"), hint="G_x"),
-                 b.const(offset_rows, hint="G_offset"), hint="G")  # (k, W, k+1)
-        theta_t = b.unsqueeze(b.op("Transpose", theta, perm=[0, 2, 1], hint="theta_T"), [1],
-                              hint="theta_T4")  # (N, 1, k+1, k)
-        rows = b.op("MatMul", g, theta_t, hint="R_rows")  # (N, k, W, k)
+                 b.const(offset_rows, hint="G_offset"), hint="G")  # (k, (1,) W, k+1)
+        theta_t = b.unsqueeze(b.op("Transpose", theta, perm=[0, 2, 1], hint="theta_T"),
+                              theta_axes, hint="theta_T_b")  # (N, 1, (1,) k+1, k)
+        rows = b.op("MatMul", g, theta_t, hint="R_rows")  # (N, k, (1,) W, k)
 
         final = node.outputs[0] if compute_type == facts.theta_type else None
         if k == 3:
@@ -162,8 +165,7 @@ class AffineGrid(Pattern):
     def _add_form_3d(b: Builder, rows: str, y: str, z: str, out: str | None) -> str:
         """grid = (z_d * R_z) + (y_h * R_y + R_c): the two terms are small, (N, D, 1, W, 3)
         and (N, 1, H, W, 3); their broadcast Add is the only output-sized pass."""
-        rows5 = b.unsqueeze(rows, [2], hint="R_rows5")  # (N, 3, 1, W, 3)
-        r_z, r_y, r_c = b.split(rows5, [1, 1, 1], axis=1, hint="R_split")  # (N, 1, 1, W, 3)
+        r_z, r_y, r_c = b.split(rows, [1, 1, 1], axis=1, hint="R_split")  # (N, 1, 1, W, 3)
         z5 = b.unsqueeze(z, [0, 2, 3, 4], hint="z5")  # (1, D, 1, 1, 1)
         y5 = b.unsqueeze(y, [0, 1, 3, 4], hint="y5")  # (1, 1, H, 1, 1)
         z_term = b.op("Mul", z5, r_z, hint="grid_z")  # (N, D, 1, W, 3)
@@ -187,13 +189,15 @@ class AffineGrid(Pattern):
 
 
 def _selector_rows(k: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """G = x * scale + offset, shapes (k, 1, k+1): which theta column each row of R takes."""
-    scale = np.zeros((k, 1, k + 1), dtype=dtype)
-    offset = np.zeros((k, 1, k + 1), dtype=dtype)
+    """G = x * scale + offset, shapes (k, 1, k+1) in 2-D and (k, 1, 1, k+1) in 3-D: which
+    theta column each row of R takes."""
+    shape = (k, *([1] * (k - 1)), k + 1)
+    scale = np.zeros(shape, dtype=dtype)
+    offset = np.zeros(shape, dtype=dtype)
     for row in range(k - 1):  # rows for z (3-D) and y: theta columns k-1 ... 1
-        offset[row, 0, k - 1 - row] = 1
-    scale[k - 1, 0, 0] = 1  # x coefficient
-    offset[k - 1, 0, k] = 1  # translation
+        offset[row, ..., k - 1 - row] = 1
+    scale[k - 1, ..., 0] = 1  # x coefficient
+    offset[k - 1, ..., k] = 1  # translation
     return scale, offset
 
 

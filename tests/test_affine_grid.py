@@ -99,7 +99,7 @@ def expected_ops(k: int, align: int, dtype=np.float32) -> Counter:
         ops.update({"Unsqueeze": 3, "Mul": 1, "Add": 1, "Pad": 1, "MatMul": 1, "Reshape": 2})
     else:
         # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
-        ops.update({"Unsqueeze": 5, "Mul": 3, "Add": 3, "Split": 1})
+        ops.update({"Unsqueeze": 4, "Mul": 3, "Add": 3, "Split": 1})
     if align:
         ops.update({"Sub": k, "Max": k})
     if dtype == np.float16:
