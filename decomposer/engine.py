@@ -667,24 +667,32 @@ def _checkable(model: onnx.ModelProto, classifier: _OpClassifier) -> onnx.ModelP
     return copy
 
 
-def _check_input(model: onnx.ModelProto, classifier: _OpClassifier, full: bool) -> None:
-    """Refuse an input that is invalid apart from its custom nodes: that is not ours to fix,
-    and it would otherwise look like a decomposer bug once rewritten."""
+def _checker_failure(model: onnx.ModelProto, classifier: _OpClassifier,
+                     full: bool) -> str | None:
+    """The checker's complaint about ``model`` outside its custom nodes, or None."""
     try:
         onnx.checker.check_model(_checkable(model, classifier), full_check=full)
     except Exception as exc:
+        return _first_line(exc)
+    return None
+
+
+def _check_input(model: onnx.ModelProto, classifier: _OpClassifier, full: bool) -> None:
+    """Refuse an input that is invalid apart from its custom nodes: that is not ours to fix,
+    and it would otherwise look like a decomposer bug once rewritten."""
+    failure = _checker_failure(model, classifier, full)
+    if failure:
         raise InvalidModelError(f"the input model is invalid (onnx.checker, ignoring its "
-                                f"custom nodes): {_first_line(exc)}; fix the export, or "
-                                f"pass --no-check to rewrite it anyway") from exc
+                                f"custom nodes): {failure}; fix the export, or pass "
+                                f"--no-check to rewrite it anyway")
 
 
 def _check_output(out: onnx.ModelProto, classifier: _OpClassifier) -> None:
-    try:
-        onnx.checker.check_model(_checkable(out, classifier), full_check=True)
-    except Exception as exc:
+    failure = _checker_failure(out, classifier, full=True)
+    if failure:
         raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check) although "
-                               f"the input passed: {_first_line(exc)}; this is a decomposer "
-                               f"or pattern bug: please report it with the model") from exc
+                               f"the input passed: {failure}; this is a decomposer or pattern "
+                               f"bug: please report it with the model")
 
 
 def _first_line(exc: BaseException) -> str:

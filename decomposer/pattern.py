@@ -73,6 +73,21 @@ class Attr:
     def required(self) -> bool:
         return self.default is _REQUIRED
 
+    def coerce(self, name: str, value: Any) -> Any:
+        """A plain Python value (``None`` = absent) defaulted and normalized like ``parse``;
+        raises ValueError. For references called outside the engine (test kit, users)."""
+        if value is None:
+            if self.required:
+                raise ValueError(f"required attribute '{name}' is missing")
+            return self.default
+        if isinstance(value, bytes):
+            value = value.decode("utf-8", errors="replace")
+        if self.normalize is not None:
+            value = self.normalize(value)
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"attribute '{name}' = {value!r} is not one of {list(self.choices)}")
+        return value
+
     def parse(self, name: str, proto: AttributeProto | None) -> Any:
         """The attribute's value, defaulted, type-checked and normalized; raises Reject."""
         if proto is None:

@@ -1,4 +1,4 @@
-"""Shared build for the rotate-and-scale patterns: quarter turns over the last two axes.
+"""Shared base of the rotate-and-scale patterns: quarter turns over the last two axes.
 
 In: a tensor of known rank >= 2, a number of quarter turns, the turn direction as torch
 ``dims`` (``(-2, -1)`` or ``(-1, -2)``), and a scale.
@@ -10,18 +10,20 @@ Out: standard nodes computing ``torch.rot90(x, k, dims) * scale``:
     then Mul(scale) unless scale == 1; Identity if nothing else is left to write the output.
 
 Slice with step -1 flips an axis (valid from opset 10); this mirrors torch's own rot90,
-which flips then transposes. Not a pattern module itself (leading underscore).
+which flips then transposes. ``RotationPattern`` holds the check, build, output types and
+reference; a subclass only declares its attributes and maps them to (turns, dims, scale).
+Not a pattern module itself (leading underscore).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, numpy_dtype
-from decomposer.pattern import MatchContext, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern, Reject
 
 INT64_MIN = -(2**63)
 MAX_RANK = 64
@@ -105,6 +107,33 @@ def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
         b.op("Mul", y, scale, hint="scaled", out=out)
     elif turns == 0:
         b.identity(x, out)  # nothing to compute, but the output name must be written
+
+
+class RotationPattern(Pattern):
+    """Base of patterns computing ``torch.rot90(x, turns, dims) * scale``."""
+
+    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
+        """(quarter turns, torch dims, scale) from the node's parsed attributes."""
+        raise NotImplementedError
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> RotationFacts:
+        if len(node.inputs) != 1 or not node.inputs[0]:
+            raise Reject(f"expected 1 input, got {len(node.inputs)}")
+        turns, dims, scale = self.rotation(node.attrs)
+        return rotation_facts(node.inputs[0], turns, dims, scale, ctx)
+
+    def build(self, b: Builder, node: MatchedNode, facts: RotationFacts) -> None:
+        build_rotation(b, node.inputs[0], node.outputs[0], facts)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
+                     ) -> list[OutputType]:
+        return [facts.output_type()]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        parsed = {name: spec.coerce(name, attrs.get(name))
+                  for name, spec in self.attributes.items()}
+        turns, dims, scale = self.rotation(parsed)
+        return [rot90_reference(inputs[0], turns, dims, scale)]
 
 
 def rot90_reference(x: np.ndarray, turns: int, dims: tuple[int, int], scale: float

@@ -25,16 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from decomposer.builder import Builder
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
-from decomposer.patterns._rotation import (
-    RotationFacts,
-    build_rotation,
-    rot90_reference,
-    rotation_facts,
-)
+from decomposer.pattern import Attr
+from decomposer.patterns._rotation import RotationPattern
 
 _DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
 
@@ -43,7 +35,7 @@ def _normalize_dims(value: str) -> str:
     return "".join(value.split()).lower()
 
 
-class CustomRotScale(Pattern):
+class CustomRotScale(RotationPattern):
     op_type = "CustomRotScale"
     attributes = {
         "rotations": Attr("int", default=1, doc="quarter turns, any integer (mod 4)"),
@@ -52,23 +44,8 @@ class CustomRotScale(Pattern):
                      choices=tuple(_DIMS), doc='"height,width" or "width,height"'),
     }
 
-    def check(self, node: MatchedNode, ctx: MatchContext) -> RotationFacts:
-        if len(node.inputs) != 1 or not node.inputs[0]:
-            raise Reject(f"expected 1 input, got {len(node.inputs)}")
-        return rotation_facts(node.inputs[0], node.attrs["rotations"], _DIMS[node.attrs["dims"]],
-                              node.attrs["scale_factor"], ctx)
-
-    def build(self, b: Builder, node: MatchedNode, facts: RotationFacts) -> None:
-        build_rotation(b, node.inputs[0], node.outputs[0], facts)
-
-    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
-                     ) -> list[OutputType]:
-        return [facts.output_type()]
-
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        dims = _DIMS[_normalize_dims(str(attrs.get("dims", "height,width")))]
-        return [rot90_reference(inputs[0], int(attrs.get("rotations", 1)), dims,
-                                float(attrs.get("scale_factor", 1.0)))]
+    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
+        return int(attrs["rotations"]), _DIMS[attrs["dims"]], float(attrs["scale_factor"])
 
 
 PATTERNS = [CustomRotScale()]

@@ -25,16 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from decomposer.builder import Builder
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
-from decomposer.patterns._rotation import (
-    RotationFacts,
-    build_rotation,
-    rot90_reference,
-    rotation_facts,
-)
+from decomposer.pattern import Attr
+from decomposer.patterns._rotation import RotationPattern
 
 _CLOCKWISE = {"yes": True, "true": True, "no": False, "false": False}
 
@@ -43,7 +35,7 @@ def _normalize_clockwise(value: str) -> str:
     return value.strip().lower()
 
 
-class Rot90AndScale(Pattern):
+class Rot90AndScale(RotationPattern):
     op_type = "Rot90AndScale"
     attributes = {
         "k": Attr("int", default=1, doc="quarter turns, any integer (mod 4)"),
@@ -52,26 +44,9 @@ class Rot90AndScale(Pattern):
                           choices=tuple(_CLOCKWISE), doc='"yes" turns clockwise'),
     }
 
-    def check(self, node: MatchedNode, ctx: MatchContext) -> RotationFacts:
-        if len(node.inputs) != 1 or not node.inputs[0]:
-            raise Reject(f"expected 1 input, got {len(node.inputs)}")
-        turns = -node.attrs["k"] if _CLOCKWISE[node.attrs["clockwise"]] else node.attrs["k"]
-        return rotation_facts(node.inputs[0], turns, (-2, -1), node.attrs["scale"], ctx)
-
-    def build(self, b: Builder, node: MatchedNode, facts: RotationFacts) -> None:
-        build_rotation(b, node.inputs[0], node.outputs[0], facts)
-
-    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
-                     ) -> list[OutputType]:
-        return [facts.output_type()]
-
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        k = int(attrs.get("k", 1))
-        clockwise = _CLOCKWISE.get(_normalize_clockwise(str(attrs.get("clockwise", "no"))))
-        if clockwise is None:
-            raise ValueError(f"clockwise must be one of {list(_CLOCKWISE)}")
-        return [rot90_reference(inputs[0], -k if clockwise else k, (-2, -1),
-                                float(attrs.get("scale", 1.0)))]
+    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
+        turns = -attrs["k"] if _CLOCKWISE[attrs["clockwise"]] else attrs["k"]
+        return int(turns), (-2, -1), float(attrs["scale"])
 
 
 PATTERNS = [Rot90AndScale()]
