@@ -5,7 +5,8 @@ torch's ``org.pytorch.aten`` fallbacks. Out: an equivalent model of standard ONN
 model's own opset.
 
 Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_file`,
-:func:`load_model`, :func:`save_model`, :func:`register`, :class:`Pattern`, :class:`Attr`,
+:func:`load_model`, :func:`save_model`, :func:`verify`, :func:`require_passed`,
+:func:`register`, :class:`Pattern`, :class:`Attr`,
 :class:`Reject`, :class:`Report`, and the :class:`DecomposerError` family.
 """
 
@@ -25,6 +26,7 @@ from decomposer.modelio import load_model, save_model
 from decomposer.pattern import Attr, MatchedNode, Pattern, Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import Report
+from decomposer.verification import VerifyReport, require_passed, verify
 
 __version__ = "0.1.0"
 
@@ -42,6 +44,7 @@ __all__ = [
     "Report",
     "UnsupportedNodeError",
     "VerificationError",
+    "VerifyReport",
     "__version__",
     "decompose",
     "decompose_file",
@@ -49,5 +52,7 @@ __all__ = [
     "default_registry",
     "load_model",
     "register",
+    "require_passed",
     "save_model",
+    "verify",
 ]

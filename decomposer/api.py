@@ -53,7 +53,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
     ``dst`` may equal ``src``. Nothing is written when an error is raised, with one
-    exception: with ``verify=True`` (:func:`decomposer.verify.verify`, given
+    exception: with ``verify=True`` (:func:`decomposer.verify`, given
     ``verify_options``) a numeric mismatch still writes the output, for inspection, and
     then raises :class:`VerificationError` carrying ``.report``.
     """
@@ -69,7 +69,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     report.output_path = None if dst is None else str(dst)
     report.dry_run = dry_run or dst is None
     if verify:
-        from decomposer.verify import verify as run_verification
+        from decomposer.verification import verify as run_verification
 
         # Verify before writing, so unusable feeds fail with nothing written; a mismatch
         # is raised only after the output is on disk (it is kept for inspection).
@@ -78,7 +78,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     if not report.dry_run:
         save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]
     if report.verification is not None:
-        from decomposer.verify import require_passed
+        from decomposer.verification import require_passed
 
         try:
             require_passed(report.verification)

@@ -174,7 +174,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _verify_options(args: argparse.Namespace) -> dict:
-    from decomposer.verify import load_npz, parse_input_shapes, parse_input_values
+    from decomposer.verification import load_npz, parse_input_shapes, parse_input_values
 
     return {
         "feeds": load_npz(args.inputs) if args.inputs else None,

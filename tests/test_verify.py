@@ -18,7 +18,6 @@ from decomposer.cli import main
 from decomposer.pattern import MatchedNode
 from decomposer.patterns.affine_grid import AffineGrid
 from decomposer.testing import Case, single_node_model
-from decomposer.verify import verify
 
 from seed_models import export_seed_stn
 
@@ -52,7 +51,7 @@ def broken_registry(pattern) -> decomposer.Registry:
 
 def test_seed_stn_verifies_with_generated_inputs():
     original = onnx.load(EXAMPLE)
-    report = verify(original, decomposer.decompose(original), runs=3,
+    report = decomposer.verify(original, decomposer.decompose(original), runs=3,
                     input_values={"size": [1, 64, 6, 11]})
     assert report.passed, report.table()
     kinds = {(c.kind, c.node) for c in report.checks}
@@ -68,13 +67,13 @@ def test_seed_stn_verifies_with_generated_inputs():
 def test_broken_decomposition_fails_and_names_node_and_pattern(pattern):
     original = onnx.load(EXAMPLE)
     wrong = decomposer.decompose(original, registry=broken_registry(pattern))
-    report = verify(original, wrong, input_values={"size": [1, 64, 5, 7]})
+    report = decomposer.verify(original, wrong, input_values={"size": [1, 64, 5, 7]})
     assert not report.passed
     failing_nodes = {c.node for c in report.failures if c.kind == "node"}
     assert failing_nodes == {"/affine/AffineGrid"}
     assert "wrong node(s): '/affine/AffineGrid' (AffineGrid)" in report.summary()
     with pytest.raises(decomposer.VerificationError):
-        decomposer.verify.require_passed(report)
+        decomposer.require_passed(report)
 
 
 def test_cli_verify_failure_exits_1_keeps_output_and_says_so(tmp_path, capsys):
@@ -142,7 +141,7 @@ def test_inputs_and_expected_from_pytorch(tmp_path, capsys):
 
 def test_input_shape_fixes_symbolic_dims(tmp_path):
     original = onnx.load(EXAMPLE)
-    report = verify(original, decomposer.decompose(original),
+    report = decomposer.verify(original, decomposer.decompose(original),
                     input_shapes={"image": [1, 3, 9, 10]}, input_values={"size": [1, 64, 2, 3]})
     assert report.passed
 
@@ -160,7 +159,7 @@ def test_every_pattern_verifies(op, attrs, inputs):
     case = Case(inputs, attrs, symbolic={0: [0]}, output_rank=5 if op == "AffineGrid" else None)
     model = single_node_model(op, "custom.ops", case, 17)
     feeds = {f"input{i}": a for i, a in enumerate(inputs)}
-    report = verify(model, decomposer.decompose(model), feeds=feeds, atol=1e-6, rtol=0)
+    report = decomposer.verify(model, decomposer.decompose(model), feeds=feeds, atol=1e-6, rtol=0)
     assert report.passed, report.table()
 
 
@@ -193,5 +192,5 @@ def test_custom_node_inside_if_is_verified_end_to_end():
     for cond in (True, False):
         feeds = {"theta": np.random.default_rng(3).normal(size=(2, 2, 3)).astype(np.float32),
                  "size": np.array([2, 1, 4, 5], np.int64), "cond": np.array(cond)}
-        assert verify(model, decomposer.decompose(model), feeds=feeds).passed
-        assert not verify(model, wrong, feeds=feeds).passed
+        assert decomposer.verify(model, decomposer.decompose(model), feeds=feeds).passed
+        assert not decomposer.verify(model, wrong, feeds=feeds).passed
