@@ -284,23 +284,20 @@ def _constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
 
 @dataclass
 class _Namespace:
-    """One name space: the main graph with its subgraphs, or one local function."""
+    """One name space (the main graph with its subgraphs, or one local function): its nodes
+    before the rewrite, and the inputs of replaced nodes, which may now be orphans."""
 
-    label: str
-    opsets: dict[str, int]
-    graphs: list[onnx.GraphProto] = field(default_factory=list)
-    nodes_before: list[onnx.NodeProto] = field(default_factory=list)
+    nodes_before: list[onnx.NodeProto]
     orphan_candidates: set[str] = field(default_factory=set)
 
 
 class _Rewriter:
-    def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report) -> None:
-        self.model = model
+    def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report,
+                 classifier: _OpClassifier) -> None:
         self.registry = registry
         self.report = report
         self.types = _TypeInfo(model)
-        local = {(f.domain, f.name) for f in model.functions}
-        self.classifier = _OpClassifier(local)
+        self.classifier = classifier
         tensor_names, node_names = _collect_names(model)
         self.tensor_names = NameAllocator(tensor_names)
         self.node_names = NameAllocator(node_names)
@@ -484,8 +481,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     if check:
         _check_input(model, classifier, full=True)
 
-    rewriter = _Rewriter(out, registry, report)
-    main = _Namespace("main graph", opsets, nodes_before=list(_all_nodes(model.graph)))
+    rewriter = _Rewriter(out, registry, report, classifier)
+    main = _Namespace(list(_all_nodes(model.graph)))
     functions = [_FunctionJob(function, opsets) for function in out.functions]
     # Passes: a node whose input types are only known once an upstream custom node is
     # rewritten (custom -> standard -> custom) is retried with fresh shape inference.
@@ -525,7 +522,7 @@ class _FunctionJob:
         self.function = function
         self.opsets = {**model_opsets, **_opset_map(list(function.opset_import))}
         self.label = f"function '{function.domain}::{function.name}'"
-        self.ns = _Namespace(self.label, self.opsets, nodes_before=list(_function_nodes(function)))
+        self.ns = _Namespace(list(_function_nodes(function)))
         self.domains_before = _used_domains(iter(self.ns.nodes_before))
         self.changed = False
 
