@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, numpy_helper
+from onnx import numpy_helper
 
 from decomposer.builder import MIN_OPSET, Builder, ConstantPool, NameAllocator
 from decomposer.errors import (
@@ -35,79 +35,21 @@ from decomposer.errors import (
     PatternError,
     UnsupportedNodeError,
 )
+from decomposer.graphs import (
+    OpClassifier,
+    all_graphs,
+    all_nodes,
+    norm_domain,
+    opset_map,
+    subgraphs,
+)
 from decomposer.pattern import MatchedNode, Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
 
 log = logging.getLogger("decomposer")
 
-_DEFAULT_DOMAINS = ("", "ai.onnx")
 _MAX_OPSET_VERSION = 2**31 - 1  # onnx.defs takes a C int
-
-
-def _norm_domain(domain: str) -> str:
-    return "" if domain in _DEFAULT_DOMAINS else domain
-
-
-# -- walking ------------------------------------------------------------------------------
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
-    for attr in node.attribute:
-        if attr.type == AttributeProto.GRAPH:
-            yield attr.name, attr.g
-        elif attr.type == AttributeProto.GRAPHS:
-            for index, graph in enumerate(attr.graphs):
-                yield f"{attr.name}[{index}]", graph
-
-
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for _, sub in _subgraphs(node):
-            yield from _all_nodes(sub)
-
-
-def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for _, sub in _subgraphs(node):
-            yield from _all_graphs(sub)
-
-
-# -- which nodes are standard ---------------------------------------------------------------
-
-
-class _OpClassifier:
-    """Answers "is this node a standard op?" with a cache, since models repeat ops."""
-
-    def __init__(self, local_functions: set[tuple[str, str]]) -> None:
-        self._local_functions = local_functions
-        self._cache: dict[tuple[str, str, int | None], bool] = {}
-
-    def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
-        domain = _norm_domain(node.domain)
-        if (node.domain, node.op_type) in self._local_functions:
-            return True
-        version = opsets.get(domain)
-        key = (domain, node.op_type, version)
-        known = self._cache.get(key)
-        if known is None:
-            known = version is not None and _has_schema(node.op_type, version, domain)
-            self._cache[key] = known
-        return known
-
-
-def _has_schema(op_type: str, version: int, domain: str) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, version, domain)
-    except onnx.defs.SchemaError:
-        return False
-    return True
-
-
-def _opset_map(imports: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
-    return {_norm_domain(imp.domain): imp.version for imp in imports}
 
 
 # -- what patterns may ask about the graph ------------------------------------------------
@@ -130,7 +72,7 @@ class _Scope:
                 for init in scope.graph.initializer:
                     scope._constants[init.name] = init
                 for node in scope.graph.node:
-                    if node.op_type == "Constant" and _norm_domain(node.domain) == "":
+                    if node.op_type == "Constant" and norm_domain(node.domain) == "":
                         for out in node.output:
                             scope._constants[out] = node
                 # A graph input with the initializer's name may be overridden at run time:
@@ -161,7 +103,7 @@ class _TypeInfo:
             inferred = onnx.shape_inference.infer_shapes(_light_copy(self._model))
         except Exception as exc:  # inference is a best effort; declared types still count
             log.debug("shape inference failed, using declared types only: %s", exc)
-        for graph in _all_graphs(inferred.graph):
+        for graph in all_graphs(inferred.graph):
             for value in [*graph.input, *graph.output, *graph.value_info]:
                 if value.type.HasField("tensor_type"):
                     types.setdefault(value.name, value.type)
@@ -293,7 +235,7 @@ class _Namespace:
 
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report,
-                 classifier: _OpClassifier) -> None:
+                 classifier: OpClassifier) -> None:
         self.registry = registry
         self.report = report
         self.types = _TypeInfo(model)
@@ -308,7 +250,7 @@ class _Rewriter:
         changed = False
         pool: ConstantPool = {}  # constants shared by this graph's replacements, this pass
         for node in graph.node:
-            for attr_label, sub in _subgraphs(node):
+            for attr_label, sub in subgraphs(node):
                 label = f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"
                 self.rewrite_graph(_Scope(sub, label, scope), opsets, ns)
             if self.classifier.is_standard(node, opsets):
@@ -388,7 +330,7 @@ def _collect_names(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
             nodes.add(node.name)
             tensors.update(node.input)
             tensors.update(node.output)
-            for _, sub in _subgraphs(node):
+            for _, sub in subgraphs(node):
                 visit_graph(sub)
 
     def visit_graph(graph: onnx.GraphProto) -> None:
@@ -408,20 +350,20 @@ def _collect_names(model: onnx.ModelProto) -> tuple[set[str], set[str]]:
 
 
 def _used_domains(nodes: Iterator[onnx.NodeProto]) -> set[str]:
-    return {_norm_domain(node.domain) for node in nodes}
+    return {norm_domain(node.domain) for node in nodes}
 
 
-def _has_candidate(model: onnx.ModelProto, classifier: _OpClassifier) -> bool:
-    opsets = _opset_map(list(model.opset_import))
-    if any(not classifier.is_standard(n, opsets) for n in _all_nodes(model.graph)):
+def _has_candidate(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
+    opsets = opset_map(list(model.opset_import))
+    if any(not classifier.is_standard(n, opsets) for n in all_nodes(model.graph)):
         return True
     for function in model.functions:
-        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
+        f_opsets = {**opsets, **opset_map(list(function.opset_import))}
         for node in function.node:
             if not classifier.is_standard(node, f_opsets):
                 return True
-            for _, sub in _subgraphs(node):
-                if any(not classifier.is_standard(n, f_opsets) for n in _all_nodes(sub)):
+            for _, sub in subgraphs(node):
+                if any(not classifier.is_standard(n, f_opsets) for n in all_nodes(sub)):
                     return True
     return False
 
@@ -436,7 +378,7 @@ def _validate(model: onnx.ModelProto) -> None:
         raise InvalidModelError("the model has no graph")
     # A negative static dim is not ONNX, and onnx's own shape inference aborts the process
     # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes.
-    for graph in _all_graphs(model.graph):
+    for graph in all_graphs(model.graph):
         for value in [*graph.input, *graph.output, *graph.value_info]:
             if value.type.HasField("tensor_type"):
                 for dim in value.type.tensor_type.shape.dim:
@@ -447,7 +389,7 @@ def _validate(model: onnx.ModelProto) -> None:
                             f"one)")
     # onnx.proto is proto2: a string field may hold bytes that are not UTF-8, which
     # protobuf then hands back as bytes. Such names cannot be matched or written safely.
-    nodes = [*_all_nodes(model.graph), *(n for f in model.functions for n in _function_nodes(f))]
+    nodes = [*all_nodes(model.graph), *(n for f in model.functions for n in _function_nodes(f))]
     for node in nodes:
         fields = [node.op_type, node.domain, node.name, *node.input, *node.output]
         if not all(isinstance(text, str) for text in fields):
@@ -467,11 +409,11 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     """Rewrite ``model``; return the new model and the report. ``model`` is not mutated."""
     _validate(model)
     registry = registry if registry is not None else default_registry()
-    opsets = _opset_map(list(model.opset_import))
+    opsets = opset_map(list(model.opset_import))
     report = Report(opset=opsets.get("", 0))
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    classifier = _OpClassifier({(f.domain, f.name) for f in model.functions})
+    classifier = OpClassifier({(f.domain, f.name) for f in model.functions})
     if not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
         # (full_check's strict shape inference rejects even some of ONNX's own test models).
@@ -482,7 +424,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         _check_input(model, classifier, full=True)
 
     rewriter = _Rewriter(out, registry, report, classifier)
-    main = _Namespace(list(_all_nodes(model.graph)))
+    main = _Namespace(list(all_nodes(model.graph)))
     functions = [_FunctionJob(function, opsets) for function in out.functions]
     # Passes: a node whose input types are only known once an upstream custom node is
     # rewritten (custom -> standard -> custom) is retried with fresh shape inference.
@@ -506,9 +448,9 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
             report.unsupported, report)
 
-    _remove_orphans(list(_all_graphs(out.graph)), main.orphan_candidates, report)
+    _remove_orphans(list(all_graphs(out.graph)), main.orphan_candidates, report)
     _drop_unused_imports(out.opset_import, _used_domains(iter(main.nodes_before)),
-                         _used_domains(_all_nodes(out.graph)), report,
+                         _used_domains(all_nodes(out.graph)), report,
                          keep=_function_domains(out))
     if check:
         _check_output(out, classifier)
@@ -520,7 +462,7 @@ class _FunctionJob:
 
     def __init__(self, function: onnx.FunctionProto, model_opsets: dict[str, int]) -> None:
         self.function = function
-        self.opsets = {**model_opsets, **_opset_map(list(function.opset_import))}
+        self.opsets = {**model_opsets, **opset_map(list(function.opset_import))}
         self.label = f"function '{function.domain}::{function.name}'"
         self.ns = _Namespace(list(_function_nodes(function)))
         self.domains_before = _used_domains(iter(self.ns.nodes_before))
@@ -544,10 +486,10 @@ class _FunctionJob:
         shell = onnx.GraphProto()
         shell.node.extend(function.node)
         shell.output.extend(onnx.ValueInfoProto(name=o) for o in function.output)
-        _remove_orphans(list(_all_graphs(shell)), self.ns.orphan_candidates, report)
+        _remove_orphans(list(all_graphs(shell)), self.ns.orphan_candidates, report)
         del function.node[:]
         function.node.extend(shell.node)
-        if not any(_norm_domain(i.domain) == "" for i in function.opset_import):
+        if not any(norm_domain(i.domain) == "" for i in function.opset_import):
             function.opset_import.append(onnx.helper.make_opsetid("", default_opset))
         _drop_unused_imports(function.opset_import, self.domains_before,
                              _used_domains(_function_nodes(function)), report)
@@ -556,8 +498,8 @@ class _FunctionJob:
 def _function_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
     for node in function.node:
         yield node
-        for _, sub in _subgraphs(node):
-            yield from _all_nodes(sub)
+        for _, sub in subgraphs(node):
+            yield from all_nodes(sub)
 
 
 def _function_domains(model: onnx.ModelProto) -> set[str]:
@@ -565,7 +507,7 @@ def _function_domains(model: onnx.ModelProto) -> set[str]:
     used: set[str] = set()
     for function in model.functions:
         used |= _used_domains(_function_nodes(function))
-        used.add(_norm_domain(function.domain))
+        used.add(norm_domain(function.domain))
     return used
 
 
@@ -575,8 +517,8 @@ def _drop_unused_imports(imports: Any, before: set[str], after: set[str],
     gone = (before - after - (keep or set())) - {""}
     if not gone:
         return
-    kept = [imp for imp in imports if _norm_domain(imp.domain) not in gone]
-    dropped = [imp.domain for imp in imports if _norm_domain(imp.domain) in gone]
+    kept = [imp for imp in imports if norm_domain(imp.domain) not in gone]
+    dropped = [imp.domain for imp in imports if norm_domain(imp.domain) in gone]
     del imports[:]
     imports.extend(kept)
     report.dropped_opset_imports.extend(d for d in dropped if d not in report.dropped_opset_imports)
@@ -602,7 +544,7 @@ def _remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
     for graph in graphs:
         inputs = {value.name for value in graph.input}
         dead = {n.output[0] for n in graph.node
-                if n.op_type == "Constant" and _norm_domain(n.domain) == ""
+                if n.op_type == "Constant" and norm_domain(n.domain) == ""
                 and len(n.output) == 1 and n.output[0] in orphans}
         dead |= {i.name for i in graph.initializer if i.name in orphans and i.name not in inputs}
         if not dead:
@@ -625,7 +567,7 @@ def _remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
 OPAQUE_DOMAIN = "decomposer.opaque"
 
 
-def _checkable(model: onnx.ModelProto, classifier: _OpClassifier) -> onnx.ModelProto:
+def _checkable(model: onnx.ModelProto, classifier: OpClassifier) -> onnx.ModelProto:
     """A copy of ``model`` that ``onnx.checker`` can judge on everything but custom nodes.
 
     Non-standard nodes move to a domain the checker does not know (it skips those), and
@@ -634,13 +576,13 @@ def _checkable(model: onnx.ModelProto, classifier: _OpClassifier) -> onnx.ModelP
     """
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
-    opsets = _opset_map(list(copy.opset_import))
+    opsets = opset_map(list(copy.opset_import))
     opaque = False
-    for node in _all_nodes(copy.graph):
+    for node in all_nodes(copy.graph):
         if not classifier.is_standard(node, opsets):
             node.domain, opaque = OPAQUE_DOMAIN, True
     for function in copy.functions:
-        f_opsets = {**opsets, **_opset_map(list(function.opset_import))}
+        f_opsets = {**opsets, **opset_map(list(function.opset_import))}
         for node in _function_nodes(function):
             if not classifier.is_standard(node, f_opsets):
                 node.domain = OPAQUE_DOMAIN
@@ -664,7 +606,7 @@ def _checkable(model: onnx.ModelProto, classifier: _OpClassifier) -> onnx.ModelP
     return copy
 
 
-def _checker_failure(model: onnx.ModelProto, classifier: _OpClassifier,
+def _checker_failure(model: onnx.ModelProto, classifier: OpClassifier,
                      full: bool) -> str | None:
     """The checker's complaint about ``model`` outside its custom nodes, or None."""
     try:
@@ -674,7 +616,7 @@ def _checker_failure(model: onnx.ModelProto, classifier: _OpClassifier,
     return None
 
 
-def _check_input(model: onnx.ModelProto, classifier: _OpClassifier, full: bool) -> None:
+def _check_input(model: onnx.ModelProto, classifier: OpClassifier, full: bool) -> None:
     """Refuse an input that is invalid apart from its custom nodes: that is not ours to fix,
     and it would otherwise look like a decomposer bug once rewritten."""
     failure = _checker_failure(model, classifier, full)
@@ -684,7 +626,7 @@ def _check_input(model: onnx.ModelProto, classifier: _OpClassifier, full: bool) 
                                 f"--no-check to rewrite it anyway")
 
 
-def _check_output(out: onnx.ModelProto, classifier: _OpClassifier) -> None:
+def _check_output(out: onnx.ModelProto, classifier: OpClassifier) -> None:
     failure = _checker_failure(out, classifier, full=True)
     if failure:
         raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check) although "

@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from decomposer.engine import _all_nodes, _OpClassifier, _opset_map, _subgraphs
+from decomposer.engine import OpClassifier, all_nodes, opset_map, subgraphs
 from decomposer.errors import InvalidModelError, VerificationError
 from decomposer.pattern import Pattern
 from decomposer.registry import Registry, default_registry
@@ -126,14 +126,14 @@ def _replaced_nodes(original: onnx.ModelProto, registry: Registry
     classes for them, and a map from main-graph output name to (node name, pattern name)."""
     scratch = onnx.ModelProto()
     scratch.CopyFrom(original)
-    opsets = _opset_map(list(scratch.opset_import))
-    classifier = _OpClassifier({(f.domain, f.name) for f in scratch.functions})
+    opsets = opset_map(list(scratch.opset_import))
+    classifier = OpClassifier({(f.domain, f.name) for f in scratch.functions})
     ops: list[type] = []
     produced_by: dict[str, tuple[str, str]] = {}
     def visit(nodes: Sequence[onnx.NodeProto], node_opsets: dict[str, int],
               in_main_graph: bool) -> None:
         for node in nodes:
-            for _, sub in _subgraphs(node):
+            for _, sub in subgraphs(node):
                 visit(list(sub.node), node_opsets, False)
             if classifier.is_standard(node, node_opsets):
                 continue
@@ -156,7 +156,7 @@ def _replaced_nodes(original: onnx.ModelProto, registry: Registry
 
     visit(list(scratch.graph.node), opsets, True)
     for function in scratch.functions:
-        visit(list(function.node), {**opsets, **_opset_map(list(function.opset_import))},
+        visit(list(function.node), {**opsets, **opset_map(list(function.opset_import))},
               False)
         function.opset_import.append(helper.make_opsetid(REFERENCE_DOMAIN, 1))
     scratch.opset_import.append(helper.make_opsetid(REFERENCE_DOMAIN, 1))
@@ -299,7 +299,7 @@ def verify(original: onnx.ModelProto, decomposed: onnx.ModelProto,
 
     registry = registry if registry is not None else default_registry()
     scratch, ops, produced_by = _replaced_nodes(original, registry)
-    decomposed_outputs = {o for n in _all_nodes(decomposed.graph) for o in n.output}
+    decomposed_outputs = {o for n in all_nodes(decomposed.graph) for o in n.output}
     node_outputs = [name for name in produced_by if name in decomposed_outputs]
     graph_outputs = [o.name for o in original.graph.output]
     extra = [name for name in node_outputs if name not in graph_outputs]

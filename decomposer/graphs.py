@@ -1,0 +1,81 @@
+"""Walking ONNX graphs, and telling standard ops from custom ones.
+
+In: ``ModelProto`` / ``GraphProto`` / ``NodeProto`` objects. Out: iterators over every node
+and graph at any depth (If/Loop/Scan bodies included), opset maps, and ``OpClassifier``,
+which answers "is this node a standard op at its imported opset?" from ``onnx.defs``
+alone: nothing here knows any op by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import onnx
+from onnx import AttributeProto
+
+DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def norm_domain(domain: str) -> str:
+    return "" if domain in DEFAULT_DOMAINS else domain
+
+
+# -- walking ------------------------------------------------------------------------------
+
+
+def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+    for attr in node.attribute:
+        if attr.type == AttributeProto.GRAPH:
+            yield attr.name, attr.g
+        elif attr.type == AttributeProto.GRAPHS:
+            for index, graph in enumerate(attr.graphs):
+                yield f"{attr.name}[{index}]", graph
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    for node in graph.node:
+        yield node
+        for _, sub in subgraphs(node):
+            yield from all_nodes(sub)
+
+
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    yield graph
+    for node in graph.node:
+        for _, sub in subgraphs(node):
+            yield from all_graphs(sub)
+
+
+# -- which nodes are standard ---------------------------------------------------------------
+
+
+class OpClassifier:
+    """Answers "is this node a standard op?" with a cache, since models repeat ops."""
+
+    def __init__(self, local_functions: set[tuple[str, str]]) -> None:
+        self._local_functions = local_functions
+        self._cache: dict[tuple[str, str, int | None], bool] = {}
+
+    def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
+        domain = norm_domain(node.domain)
+        if (node.domain, node.op_type) in self._local_functions:
+            return True
+        version = opsets.get(domain)
+        key = (domain, node.op_type, version)
+        known = self._cache.get(key)
+        if known is None:
+            known = version is not None and has_schema(node.op_type, version, domain)
+            self._cache[key] = known
+        return known
+
+
+def has_schema(op_type: str, version: int, domain: str) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, version, domain)
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def opset_map(imports: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
+    return {norm_domain(imp.domain): imp.version for imp in imports}
