@@ -63,7 +63,8 @@ class Report:
         return bool(self.replaced or self.removed_constants or self.dropped_opset_imports)
 
     def summary(self) -> str:
-        """The CLI's one-line summary, e.g. ``decomposed 3 nodes (AffineGrid x2, ...)``."""
+        """The CLI's one-line summary, e.g.
+        ``decomposed 3 nodes (OpA x2, OpB x1) -> out.onnx (opset 16)``."""
         total = len(self.replaced)
         noun = "node" if total == 1 else "nodes"
         parts = ", ".join(f"{name} x{count}" for name, count in self.counts.items())
