@@ -136,8 +136,10 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.print_usage(sys.stderr)
         print("decomposer: error: give OUTPUT, or --dry-run to only report", file=sys.stderr)
         return EXIT_USAGE
-    if args.report and args.output and _same_file(args.report, args.output):
-        print("decomposer: error: --report would overwrite the output model", file=sys.stderr)
+    if args.report and any(_same_file(args.report, path)
+                           for path in (args.input, args.output) if path):
+        print("decomposer: error: --report would overwrite a model file; give the report "
+              "its own name", file=sys.stderr)
         return EXIT_USAGE
     if args.dry_run and args.output and not args.quiet:
         print("decomposer: warning: --dry-run given: OUTPUT will not be written",

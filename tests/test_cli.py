@@ -121,9 +121,13 @@ def test_missing_output_folder_is_a_clear_error(example, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_usage_errors_exit_2(capsys):
+def test_usage_errors_exit_2(example, capsys):
     assert main([]) == 2
     assert main(["--no-such-flag"]) == 2
+    before = example.read_bytes()
+    assert main([str(example), "out.onnx", "--report", str(example)]) == 2
+    assert "give the report its own name" in capsys.readouterr().err
+    assert example.read_bytes() == before
 
 
 def test_list_patterns_and_version(capsys):
