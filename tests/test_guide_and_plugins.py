@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import helper
 
 import decomposer
 from decomposer.cli import main
@@ -136,12 +137,24 @@ def test_entry_point_from_an_installed_distribution(tmp_path):
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-patterns\n"
                                    "Version: 1.0\n")
     (dist / "entry_points.txt").write_text("[decomposer.patterns]\nacme = acme_patterns\n")
-    code = ("import sys; from decomposer.cli import main; "
-            "sys.exit(main(['--list-patterns']))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            env={"PYTHONPATH": str(site), "PATH": ""})
-    assert result.returncode == 0, result.stderr
-    assert "AcmeOp           [entry point acme (acme_patterns)]" in result.stdout
+    env = {"PYTHONPATH": str(site), "PATH": ""}
+    listing = subprocess.run([sys.executable, "-m", "decomposer", "--list-patterns"],
+                             capture_output=True, text=True, env=env)
+    assert listing.returncode == 0, listing.stderr
+    assert "AcmeOp           [entry point acme (acme_patterns)]" in listing.stdout
+    # ... and it decomposes its op, here AcmeOp -> Identity.
+    node = helper.make_node("AcmeOp", ["x"], ["y"], name="acme", domain="acme")
+    info = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 3]) for n in "xy"]
+    model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("acme", 1)], ir_version=8)
+    src, dst = tmp_path / "acme.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    run = subprocess.run([sys.executable, "-m", "decomposer", str(src), str(dst)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "decomposed 1 node (AcmeOp x1)" in run.stdout
+    assert [n.op_type for n in onnx.load(dst).graph.node] == ["Identity"]
 
 
 def test_builtin_registry_without_entry_points_is_the_pattern_modules():
