@@ -193,6 +193,16 @@ class _NodeContext:
                 dims.append(None)
         return tuple(dims)
 
+    def is_model_input(self, name: str) -> bool:
+        scope = self._scope
+        while scope.parent is not None:
+            scope = scope.parent
+        if scope.label != "main graph":  # a function body: its inputs may be constants
+            return False
+        graph = scope.graph
+        return (any(value.name == name for value in graph.input)
+                and not any(init.name == name for init in graph.initializer))
+
     def elem_type(self, name: str) -> int | None:
         tensor = self._types.tensor_type(name) if name else None
         if tensor is not None and tensor.elem_type:

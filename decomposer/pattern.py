@@ -127,6 +127,10 @@ class MatchContext(Protocol):
     def elem_type(self, name: str) -> int | None:
         """ONNX element type of ``name``, or None if unknown."""
 
+    def is_model_input(self, name: str) -> bool:
+        """Whether ``name`` is fed by the caller at run time (a main-graph input with no
+        initializer), so no runtime optimizer can treat it as a constant."""
+
 
 @dataclass
 class MatchedNode:

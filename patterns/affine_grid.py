@@ -51,6 +51,7 @@ class Facts(NamedTuple):
     spatial_rank: int  # 2 or 3
     align_corners: bool
     theta_type: int  # ONNX element type of theta and of the grid
+    size_is_fed: bool  # size is a model input, so nothing derived from it can be folded
 
 
 class AffineGrid(Pattern):
@@ -83,7 +84,8 @@ class AffineGrid(Pattern):
         if size_type not in _INT_TYPES:
             raise Reject(f"size must be int64 or int32, got "
                          f"{TensorProto.DataType.Name(size_type).lower()}")
-        return Facts(_spatial_rank(theta, size, ctx), align, theta_type)
+        return Facts(_spatial_rank(theta, size, ctx), align, theta_type,
+                     ctx.is_model_input(size))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         k = facts.spatial_rank
@@ -128,26 +130,29 @@ class AffineGrid(Pattern):
         if k == 3:
             grid = self._add_form_3d(b, rows, coords(3, "y"), coords(2, "z"), final)
         elif compute_type == TensorProto.FLOAT:
-            grid = self._conv_form_2d(b, rows, coords(2, "y"), dtype, final)
+            grid = self._conv_form_2d(b, rows, coords(2, "y"), dtype, final,
+                                      keep_dynamic=not facts.size_is_fed)
         else:  # ONNX Runtime has no float64 Conv kernel
             grid = self._matmul_form_2d(b, rows, coords(2, "y"), dtype, final)
         if final is None:
             b.cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
 
     @staticmethod
-    def _conv_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
-                      ) -> str:
+    def _conv_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None,
+                      keep_dynamic: bool) -> str:
         """grid = Conv1x1(R, weight=(y_h, 1)): the same small-K GEMM as L @ R, but a 1x1 Conv
         with L as its (H, 2, 1, 1) weight writes (N, H, W, 2) directly: one output-sized
         pass and no Reshape (which ONNX Runtime copies when the grid is a graph output)."""
         weight = b.pad(b.unsqueeze(y, [1, 2, 3], hint="y4"), [0, 0, 0, 0, 0, 1, 0, 0], 1,
                        dtype, hint="L_weight")  # (H, 2, 1, 1): (y_h, 1)
-        # Concatenating an empty slice of R (which depends on theta) leaves the weight's
-        # values alone but keeps it from being a constant when `size` is. A constant
-        # weight makes ONNX Runtime's NCHWc layout pass wrap the Conv in reorders, which
-        # measured 3x slower than the dynamic-size graph (2-D, N=8, 512x512).
-        nothing = b.slice(rows, [0, 0, 0], [0, 1, 1], [0, 2, 3], hint="R_none")  # (0,2,1,1)
-        weight = b.op("Concat", weight, nothing, axis=0, hint="L_weight_dynamic")
+        if keep_dynamic:
+            # Unless `size` is fed at run time it may be folded to a constant, and with it
+            # this weight; a constant weight makes ONNX Runtime's NCHWc layout pass wrap the
+            # Conv in reorders, measured 3x slower (2-D, N=8, 512x512). Concatenating an
+            # empty slice of R (which depends on theta) keeps the values but not constness.
+            nothing = b.slice(rows, [0, 0, 0], [0, 1, 1], [0, 2, 3],
+                              hint="R_none")  # (0, 2, 1, 1)
+            weight = b.op("Concat", weight, nothing, axis=0, hint="L_weight_dynamic")
         return b.op("Conv", rows, weight, hint="grid", out=out)  # rows: (N, 2, W, 2)
 
     @staticmethod
