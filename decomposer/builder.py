@@ -18,31 +18,9 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 MIN_OPSET = 11
-
-# ONNX element type of each numpy dtype the builder creates constants for.
-_NP_TO_ONNX = {
-    np.dtype(np.float16): TensorProto.FLOAT16,
-    np.dtype(np.float32): TensorProto.FLOAT,
-    np.dtype(np.float64): TensorProto.DOUBLE,
-    np.dtype(np.int8): TensorProto.INT8,
-    np.dtype(np.int16): TensorProto.INT16,
-    np.dtype(np.int32): TensorProto.INT32,
-    np.dtype(np.int64): TensorProto.INT64,
-    np.dtype(np.uint8): TensorProto.UINT8,
-    np.dtype(np.uint16): TensorProto.UINT16,
-    np.dtype(np.uint32): TensorProto.UINT32,
-    np.dtype(np.uint64): TensorProto.UINT64,
-    np.dtype(np.bool_): TensorProto.BOOL,
-}
-
-
-def onnx_dtype(np_dtype: Any) -> int:
-    """ONNX element type for a numpy dtype."""
-    return _NP_TO_ONNX[np.dtype(np_dtype)]
-
 
 def numpy_dtype(onnx_type: int) -> np.dtype:
     """numpy dtype for an ONNX element type."""
@@ -74,9 +52,6 @@ class NameAllocator:
     def __init__(self, taken: Iterable[str] = ()) -> None:
         self._taken: set[str] = set(taken)
         self._next_suffix: dict[str, int] = {}
-
-    def reserve(self, name: str) -> None:
-        self._taken.add(name)
 
     def fresh(self, base: str) -> str:
         if base not in self._taken:
