@@ -58,10 +58,13 @@ _MAX_OPSET_VERSION = 2**31 - 1  # onnx.defs takes a C int
 class _Scope:
     """One graph being rewritten, with its enclosing scopes for outer-name lookups."""
 
-    def __init__(self, graph: onnx.GraphProto, label: str, parent: _Scope | None) -> None:
+    def __init__(self, graph: onnx.GraphProto, label: str, parent: _Scope | None,
+                 is_function: bool = False) -> None:
         self.graph = graph
         self.label = label
         self.parent = parent
+        # A function body's "inputs" are its call sites' arguments, not the model's inputs.
+        self.is_function = parent.is_function if parent is not None else is_function
         self._constants: dict[str, onnx.TensorProto | onnx.NodeProto] | None = None
 
     def constant_source(self, name: str) -> onnx.TensorProto | onnx.NodeProto | None:
@@ -197,7 +200,7 @@ class _NodeContext:
         scope = self._scope
         while scope.parent is not None:
             scope = scope.parent
-        if scope.label != "main graph":  # a function body: its inputs may be constants
+        if scope.is_function:  # its inputs are call-site arguments, possibly constants
             return False
         graph = scope.graph
         return (any(value.name == name for value in graph.input)
@@ -483,7 +486,8 @@ class _FunctionJob:
         shell.node.extend(self.function.node)
         shell.output.extend(onnx.ValueInfoProto(name=o) for o in self.function.output)
         before = len(rewriter.report.replaced)
-        rewriter.rewrite_graph(_Scope(shell, self.label, None), self.opsets, self.ns)
+        rewriter.rewrite_graph(_Scope(shell, self.label, None, is_function=True), self.opsets,
+                               self.ns)
         if len(rewriter.report.replaced) > before:
             self.changed = True
             del self.function.node[:]
