@@ -64,7 +64,7 @@ class _Scope:
         self.label = label
         self.parent = parent
         # A function body's "inputs" are its call sites' arguments, not the model's inputs.
-        self.is_function = parent.is_function if parent is not None else is_function
+        self.is_function: bool = parent.is_function if parent is not None else is_function
         self._constants: dict[str, onnx.TensorProto | onnx.NodeProto] | None = None
 
     def constant_source(self, name: str) -> onnx.TensorProto | onnx.NodeProto | None:
