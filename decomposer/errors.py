@@ -55,6 +55,31 @@ class ModelIOError(DecomposerError):
 
 
 class PatternError(DecomposerError):
-    """A pattern definition or registration is wrong (duplicate key, bad schema)."""
+    """A pattern is wrong: a registration clash or bad schema (user input, exit 2), or a
+    pattern that crashed or emitted an invalid subgraph (a bug, see :class:`PatternBugError`)."""
 
     exit_code = 2
+
+
+class PatternBugError(PatternError):
+    """A pattern crashed while checking or building a node, or did not write its outputs.
+
+    That is a bug in the pattern (or in decomposer), never in the user's model: exit 4."""
+
+    exit_code = 4
+
+
+class EngineUnavailableError(DecomposerError):
+    """An inference engine was asked for (``--engine NAME``) but is not installed; the
+    message names the pip package that provides it."""
+
+    exit_code = 2
+
+
+class EngineRunError(VerificationError):
+    """An inference engine could not load or run a model. ``engine`` names it; the message
+    holds the engine's first error line."""
+
+    def __init__(self, message: str, engine: str = "") -> None:
+        super().__init__(message)
+        self.engine = engine
