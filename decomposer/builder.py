@@ -1,12 +1,23 @@
-"""Opset-aware construction of replacement subgraphs.
+"""Opset-aware construction of replacement subgraphs, written like the math.
 
-In: the model's default-domain opset, a name allocator, and the replaced node's name.
-Out: a list of standard ONNX ``NodeProto`` s, appended in topological order as a pattern
-calls the methods below.
+In: the model's default-domain opset, the output target (``"portable"`` or ``"ort"``), name
+allocators, and the replaced node's name.
+Out: a list of standard ONNX ``NodeProto`` s (``Builder.nodes``), appended in topological
+order as a pattern calls the methods below.
 
-Every op whose signature changed between opsets (Unsqueeze, Squeeze, Reduce*, Split,
-Slice, Clip, Pad) is spelled here and only here, so patterns never branch on the opset for
-spelling. Constants are emitted as ``Constant`` nodes, not initializers, because the same
+A pattern works with :class:`Value` s: a ``Value`` *is* a tensor name (a ``str``) that also
+knows its numpy dtype when it can, and its arithmetic operators emit nodes::
+
+    n = b.Gather(size_f, 2, axis=0)                 # Python ints where a tensor is expected
+    coords = b.Range(1 - n, n, 2) / n               #   become constants; numbers take the
+                                                    #   other operand's dtype
+    b.Where(mask, coords, 0.0, out=node.outputs[0]) # `out` writes an existing name
+
+Every op the built-in patterns use has a method named like the ONNX op, and every op whose
+signature changed between opsets (Unsqueeze, Squeeze, Reduce*, Split, Shape's start/end,
+Softmax's axis, LessOrEqual/GreaterOrEqual, ArgMax's select_last_index) is spelled here and
+only here, so patterns never branch on the opset for spelling. ``b.op("OpType", ...)`` emits
+any op without a method. Constants are ``Constant`` nodes, not initializers, because the same
 subgraph must be valid inside If/Loop/Scan bodies and model-local functions, where
 initializers are not allowed or not visible.
 """
@@ -14,17 +25,27 @@ initializers are not allowed or not visible.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 MIN_OPSET = 11
+TARGETS = ("portable", "ort")
+INT64_MAX = 2**63 - 1
+
 
 def numpy_dtype(onnx_type: int) -> np.dtype:
     """numpy dtype for an ONNX element type."""
     return np.dtype(helper.tensor_dtype_to_np_dtype(onnx_type))
+
+
+def onnx_type(dtype: Any) -> int:
+    """ONNX element type for a numpy dtype (or an ONNX element type, returned as is)."""
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        return int(dtype)
+    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
 
 
 ConstantKey = tuple[str, tuple[int, ...], bytes]
@@ -66,11 +87,77 @@ class NameAllocator:
         return name
 
 
+class Value(str):
+    """A tensor in the graph being built: its name, plus its numpy dtype when known.
+
+    Being a ``str``, a Value goes wherever a tensor name goes. ``+ - * / **`` and unary ``-``
+    emit Add/Sub/Mul/Div/Pow/Neg through the builder that made it; a Python number on either
+    side becomes a constant of this Value's dtype. (String concatenation and repetition are
+    therefore not available on Values: use ``str(value)`` for that.)
+    """
+
+    builder: Builder
+    dtype: np.dtype | None
+
+    def __new__(cls, name: str, builder: Builder, dtype: Any = None) -> Value:
+        value = super().__new__(cls, name)
+        value.builder = builder
+        value.dtype = None if dtype is None else np.dtype(dtype)
+        return value
+
+    def __add__(self, other: Any) -> Value:  # type: ignore[override]
+        return self.builder.Add(self, other)
+
+    def __radd__(self, other: Any) -> Value:
+        return self.builder.Add(other, self)
+
+    def __sub__(self, other: Any) -> Value:
+        return self.builder.Sub(self, other)
+
+    def __rsub__(self, other: Any) -> Value:
+        return self.builder.Sub(other, self)
+
+    def __mul__(self, other: Any) -> Value:  # type: ignore[override]
+        return self.builder.Mul(self, other)
+
+    def __rmul__(self, other: Any) -> Value:  # type: ignore[override]
+        return self.builder.Mul(other, self)
+
+    def __truediv__(self, other: Any) -> Value:
+        return self.builder.Div(self, other)
+
+    def __rtruediv__(self, other: Any) -> Value:
+        return self.builder.Div(other, self)
+
+    def __pow__(self, other: Any) -> Value:
+        return self.builder.Pow(self, other)
+
+    def __neg__(self) -> Value:
+        return self.builder.Neg(self)
+
+    def __mod__(self, other: Any) -> Value:  # type: ignore[override]
+        raise TypeError("use b.Mod(x, y, fmod=...) : '%' is ambiguous between ONNX's two "
+                        "modulo semantics")
+
+    # str's __hash__/__eq__ stay: a Value compares and hashes as its name.
+    __hash__ = str.__hash__
+
+
+# Anything a method accepts where a tensor is expected: a Value or tensor name, or a number
+# / array / list that becomes a constant.
+Operand = Union[Value, str, int, float, bool, np.ndarray, np.generic, Sequence[Any]]
+IntsOrValue = Union[Value, str, int, Sequence[int], np.ndarray]
+
+
 class Builder:
     """Emits standard ONNX nodes for one replaced node.
 
-    ``prefix`` (the replaced node's name) starts every new node and tensor name, so a
-    reader of the output can tell where each node came from.
+    ``prefix`` (the replaced node's name) starts every new node and tensor name, so a reader
+    of the output can tell where each node came from. ``target`` is ``"portable"`` (every
+    engine) or ``"ort"`` (ONNX Runtime-tuned forms allowed, see docs/portability.md).
+    Constants are shared with earlier replacements in the same graph through
+    ``constant_pool``, but only those of a replacement that succeeded: the engine calls
+    :meth:`commit` when it keeps the nodes.
     """
 
     def __init__(
@@ -80,35 +167,105 @@ class Builder:
         tensor_names: NameAllocator,
         node_names: NameAllocator,
         constant_pool: ConstantPool | None = None,
+        target: str = "portable",
     ) -> None:
         if opset < MIN_OPSET:
             raise ValueError(f"opset {opset} is below the minimum {MIN_OPSET}")
+        if target not in TARGETS:
+            raise ValueError(f"target {target!r} is not one of {list(TARGETS)}")
         self.opset = opset
+        self.target = target
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
         self._tensor_names = tensor_names
         self._node_names = node_names
-        # Constants already emitted earlier in the same graph (same pass) are reused, so a
-        # model with thousands of replaced nodes does not carry thousands of equal Constants.
-        self._constants: ConstantPool = constant_pool if constant_pool is not None else {}
+        # Constants emitted earlier in the same graph (same pass) are reused, so a model with
+        # thousands of replaced nodes does not carry thousands of equal Constants. This
+        # builder's own constants join the pool only on commit(): if the pattern rejects the
+        # node halfway, its Constant nodes are dropped and nothing may refer to them.
+        self._shared: ConstantPool = constant_pool if constant_pool is not None else {}
+        self._own: ConstantPool = {}
 
-    # -- generic -------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Publish this replacement's constants to the shared pool (its nodes are kept)."""
+        self._shared.update(self._own)
+        self._own = {}
 
-    def op(
-        self,
-        op_type: str,
-        *inputs: str,
-        hint: str | None = None,
-        out: str | None = None,
-        **attrs: Any,
-    ) -> str:
-        """Append one single-output node and return its output name.
+    # -- values ---------------------------------------------------------------------------
+
+    def input(self, name: str, dtype: Any = None) -> Value:
+        """Wrap an existing tensor name (e.g. ``node.inputs[0]``) as a Value; ``dtype`` is a
+        numpy dtype or an ONNX element type, or None if unknown."""
+        if dtype is not None and not isinstance(dtype, np.dtype):
+            dtype = numpy_dtype(dtype) if isinstance(dtype, (int, np.integer)) else dtype
+        return Value(name, self, dtype)
+
+    def const(self, value: Any, dtype: Any = None, hint: str = "const") -> Value:
+        """A ``Constant`` node holding ``value``; equal constants are emitted once per graph
+        (per pass), the first time one is needed, so every later use follows it."""
+        if dtype is not None and isinstance(dtype, (int, np.integer)) \
+                and not isinstance(dtype, bool):
+            dtype = numpy_dtype(int(dtype))
+        array = np.asarray(value, dtype=dtype)
+        key = (array.dtype.str, array.shape, array.tobytes())
+        cached = self._shared.get(key) or self._own.get(key)
+        if cached is not None:
+            return Value(cached, self, array.dtype)
+        name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
+        node = onnx.NodeProto(op_type="Constant", name=self._node_names.fresh(name))
+        node.output.append(name)
+        attr = node.attribute.add()
+        attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
+        attr.t.CopyFrom(_tensor_for(key, array))
+        self.nodes.append(node)
+        self._own[key] = name
+        return Value(name, self, array.dtype)
+
+    def ints(self, values: Sequence[int] | int, hint: str = "ints") -> Value:
+        """An int64 constant: a 1-D tensor from a sequence, a scalar from an int."""
+        return self.const(np.asarray(values, dtype=np.int64), hint=hint)
+
+    def _operand(self, x: Operand, like: np.dtype | None, hint: str) -> Value:
+        """``x`` as a Value: names pass through, numbers and arrays become constants (numpy
+        arrays keep their dtype; Python numbers take ``like``, the other operand's)."""
+        if isinstance(x, Value):
+            return x
+        if isinstance(x, str):
+            return Value(x, self, None)
+        if isinstance(x, (np.ndarray, np.generic)):
+            return self.const(x, hint=hint)
+        if like is None:
+            raise TypeError(f"cannot tell the dtype of constant {x!r}: give the other operand "
+                            f"a dtype (b.input(name, dtype)) or pass a numpy value")
+        return self.const(np.asarray(x, dtype=like), hint=hint)
+
+    def _index(self, x: IntsOrValue, hint: str) -> Value:
+        """An index/shape operand: Python ints and int lists become int64 constants."""
+        if isinstance(x, str):
+            return x if isinstance(x, Value) else Value(x, self, None)
+        return self.ints(np.asarray(x, dtype=np.int64).tolist(), hint=hint)
+
+    @staticmethod
+    def _dtype_of(*xs: Any) -> np.dtype | None:
+        for x in xs:
+            if isinstance(x, Value) and x.dtype is not None:
+                return x.dtype
+            if isinstance(x, (np.ndarray, np.generic)):
+                return x.dtype
+        return None
+
+    # -- generic --------------------------------------------------------------------------
+
+    def op(self, op_type: str, *inputs: str, hint: str | None = None, out: str | None = None,
+           dtype: Any = None, **attrs: Any) -> Value:
+        """Append one single-output node of any standard op and return its output.
 
         ``out`` writes into an existing name (the replaced node's output); otherwise a new
-        name is derived from ``prefix`` and ``hint``.
+        name is derived from ``prefix`` and ``hint``. ``dtype`` is the output's numpy dtype,
+        if the caller knows it. An empty string input means "absent optional input".
         """
-        return self.op_multi(op_type, list(inputs), 1, hint=hint, outs=[out] if out else None,
-                             **attrs)[0]
+        return self.op_multi(op_type, list(inputs), 1, hint=hint,
+                             outs=[out] if out else None, dtypes=[dtype], **attrs)[0]
 
     def op_multi(
         self,
@@ -118,9 +275,10 @@ class Builder:
         *,
         hint: str | None = None,
         outs: Sequence[str] | None = None,
+        dtypes: Sequence[Any] | None = None,
         **attrs: Any,
-    ) -> list[str]:
-        """Append one node with ``num_outputs`` outputs and return their names."""
+    ) -> list[Value]:
+        """Append one node with ``num_outputs`` outputs and return them."""
         base = f"{self.prefix}/{hint or op_type}"
         node_name = self._node_names.fresh(base)
         if outs is None:
@@ -129,97 +287,472 @@ class Builder:
         # Built field by field: helper.make_node costs several times more, and decomposing
         # thousands of nodes makes tens of thousands of these.
         node = onnx.NodeProto(op_type=op_type, name=node_name)
-        node.input.extend(inputs)
-        node.output.extend(outs)
+        node.input.extend(str(i) for i in inputs)
+        node.output.extend(str(o) for o in outs)
         if attrs:
             node.attribute.extend(helper.make_attribute(key, value)
                                   for key, value in sorted(attrs.items()))
         self.nodes.append(node)
-        return list(outs)
+        types = list(dtypes or []) + [None] * num_outputs
+        return [Value(o, self, types[i]) for i, o in enumerate(outs)]
 
-    def const(self, value: Any, dtype: Any = None, hint: str = "const") -> str:
-        """A ``Constant`` node holding ``value``; equal constants are emitted once per graph
-        (per pass), the first time one is needed, so every later use follows it."""
-        array = np.asarray(value, dtype=dtype)
-        key = (array.dtype.str, array.shape, array.tobytes())
-        cached = self._constants.get(key)
-        if cached is not None:
-            return cached
-        name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
-        node = onnx.NodeProto(op_type="Constant", name=self._node_names.fresh(name))
-        node.output.append(name)
-        value = node.attribute.add()
-        value.name, value.type = "value", onnx.AttributeProto.TENSOR
-        value.t.CopyFrom(_tensor_for(key, array))
-        self.nodes.append(node)
-        self._constants[key] = name
-        return name
+    def _binary(self, op_type: str, a: Operand, c: Operand, hint: str | None,
+                out: str | None, result: Any = "same") -> Value:
+        like = self._dtype_of(a, c)
+        left = self._operand(a, like, f"{hint or op_type}_a")
+        right = self._operand(c, like, f"{hint or op_type}_b")
+        dtype = (left.dtype or right.dtype) if result == "same" else result
+        return self.op(op_type, left, right, hint=hint, out=out, dtype=dtype)
 
-    def ints(self, values: Sequence[int] | int, hint: str = "ints") -> str:
-        """An int64 constant: a 1-D tensor from a sequence, a scalar from an int."""
-        return self.const(np.asarray(values, dtype=np.int64), hint=hint)
+    def _unary(self, op_type: str, x: Operand, hint: str | None, out: str | None,
+               result: Any = "same", **attrs: Any) -> Value:
+        value = self._operand(x, None, f"{hint or op_type}_in")
+        dtype = value.dtype if result == "same" else result
+        return self.op(op_type, value, hint=hint, out=out, dtype=dtype, **attrs)
 
-    # -- ops whose spelling depends on the opset --------------------------------------------
+    # -- elementwise arithmetic -------------------------------------------------------------
 
-    def cast(self, x: str, to: int, hint: str = "cast", out: str | None = None) -> str:
-        return self.op("Cast", x, to=to, hint=hint, out=out)
+    def Add(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("Add", a, c, hint, out)
 
-    def unsqueeze(self, x: str, axes: Sequence[int], hint: str = "unsqueeze") -> str:
+    def Sub(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("Sub", a, c, hint, out)
+
+    def Mul(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("Mul", a, c, hint, out)
+
+    def Div(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        """Integer Div truncates toward zero (C semantics), unlike Python's ``//``."""
+        return self._binary("Div", a, c, hint, out)
+
+    def Pow(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("Pow", a, c, hint, out)
+
+    def Mod(self, a: Operand, c: Operand, *, fmod: bool = False, hint: str | None = None,
+            out: str | None = None) -> Value:
+        """``fmod=False``: the sign of the divisor (Python's ``%``, integers only);
+        ``fmod=True``: the sign of the dividend (C's fmod; required for floats)."""
+        like = self._dtype_of(a, c)
+        left = self._operand(a, like, "mod_a")
+        right = self._operand(c, like, "mod_b")
+        return self.op("Mod", left, right, fmod=int(fmod), hint=hint, out=out,
+                       dtype=left.dtype or right.dtype)
+
+    def Max(self, *xs: Operand, hint: str | None = None, out: str | None = None) -> Value:
+        """Elementwise maximum (float types only at opset 11; integers from 12)."""
+        like = self._dtype_of(*xs)
+        values = [self._operand(x, like, "max_in") for x in xs]
+        return self.op("Max", *values, hint=hint, out=out, dtype=like)
+
+    def Min(self, *xs: Operand, hint: str | None = None, out: str | None = None) -> Value:
+        """Elementwise minimum (float types only at opset 11; integers from 12)."""
+        like = self._dtype_of(*xs)
+        values = [self._operand(x, like, "min_in") for x in xs]
+        return self.op("Min", *values, hint=hint, out=out, dtype=like)
+
+    def Neg(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Neg", x, hint, out)
+
+    def Abs(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Abs", x, hint, out)
+
+    def Floor(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Floor", x, hint, out)
+
+    def Ceil(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Ceil", x, hint, out)
+
+    def Round(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        """Round half to even (like numpy and torch.round)."""
+        return self._unary("Round", x, hint, out)
+
+    def Sqrt(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Sqrt", x, hint, out)
+
+    def Exp(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Exp", x, hint, out)
+
+    def Log(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Log", x, hint, out)
+
+    def Reciprocal(self, x: Operand, *, hint: str | None = None,
+                   out: str | None = None) -> Value:
+        return self._unary("Reciprocal", x, hint, out)
+
+    def Relu(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Relu", x, hint, out)
+
+    def Sigmoid(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Sigmoid", x, hint, out)
+
+    def Tanh(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Tanh", x, hint, out)
+
+    def Sign(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Sign", x, hint, out)
+
+    def Erf(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Erf", x, hint, out)
+
+    def Identity(self, x: Operand, *, hint: str | None = None,
+                 out: str | None = None) -> Value:
+        return self._unary("Identity", x, hint, out)
+
+    def Clip(self, x: Operand, min: Operand | None = None, max: Operand | None = None, *,
+             hint: str | None = None, out: str | None = None) -> Value:
+        """Clip with optional bounds (inputs since opset 11; integer types from 12)."""
+        value = self._operand(x, None, "clip_in")
+        low = self._operand(min, value.dtype, "clip_min") if min is not None else ""
+        high = self._operand(max, value.dtype, "clip_max") if max is not None else ""
+        inputs = [value, low, high] if high else ([value, low] if low else [value])
+        return self.op("Clip", *inputs, hint=hint, out=out, dtype=value.dtype)
+
+    def Where(self, condition: Operand, a: Operand, c: Operand, *, hint: str | None = None,
+              out: str | None = None) -> Value:
+        cond = self._operand(condition, np.dtype(bool), "where_cond")
+        like = self._dtype_of(a, c)
+        left = self._operand(a, like, "where_a")
+        right = self._operand(c, like, "where_b")
+        return self.op("Where", cond, left, right, hint=hint, out=out, dtype=like)
+
+    # -- comparisons and logic (results are bool) --------------------------------------------
+
+    def Equal(self, a: Operand, c: Operand, *, hint: str | None = None,
+              out: str | None = None) -> Value:
+        return self._binary("Equal", a, c, hint, out, result=np.dtype(bool))
+
+    def Less(self, a: Operand, c: Operand, *, hint: str | None = None,
+             out: str | None = None) -> Value:
+        return self._binary("Less", a, c, hint, out, result=np.dtype(bool))
+
+    def Greater(self, a: Operand, c: Operand, *, hint: str | None = None,
+                out: str | None = None) -> Value:
+        return self._binary("Greater", a, c, hint, out, result=np.dtype(bool))
+
+    def LessOrEqual(self, a: Operand, c: Operand, *, hint: str | None = None,
+                    out: str | None = None) -> Value:
+        """``a <= c``; below opset 12 spelled Or(Less, Equal), which keeps NaN -> False."""
+        if self.opset >= 12:
+            return self._binary("LessOrEqual", a, c, hint, out, result=np.dtype(bool))
+        return self.Or(self.Less(a, c), self.Equal(a, c), hint=hint, out=out)
+
+    def GreaterOrEqual(self, a: Operand, c: Operand, *, hint: str | None = None,
+                       out: str | None = None) -> Value:
+        """``a >= c``; below opset 12 spelled Or(Greater, Equal), which keeps NaN -> False."""
+        if self.opset >= 12:
+            return self._binary("GreaterOrEqual", a, c, hint, out, result=np.dtype(bool))
+        return self.Or(self.Greater(a, c), self.Equal(a, c), hint=hint, out=out)
+
+    def And(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("And", a, c, hint, out, result=np.dtype(bool))
+
+    def Or(self, a: Operand, c: Operand, *, hint: str | None = None,
+           out: str | None = None) -> Value:
+        return self._binary("Or", a, c, hint, out, result=np.dtype(bool))
+
+    def Xor(self, a: Operand, c: Operand, *, hint: str | None = None,
+            out: str | None = None) -> Value:
+        return self._binary("Xor", a, c, hint, out, result=np.dtype(bool))
+
+    def Not(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Not", x, hint, out, result=np.dtype(bool))
+
+    def IsNaN(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("IsNaN", x, hint, out, result=np.dtype(bool))
+
+    def IsInf(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("IsInf", x, hint, out, result=np.dtype(bool))
+
+    # -- types and shapes -------------------------------------------------------------------
+
+    def Cast(self, x: Operand, to: Any, *, hint: str | None = None,
+             out: str | None = None) -> Value:
+        """``to`` is a numpy dtype or an ONNX element type."""
+        target = onnx_type(to)
+        return self._unary("Cast", x, hint, out, result=numpy_dtype(target), to=target)
+
+    def Shape(self, x: Operand, start: int | None = None, end: int | None = None, *,
+              hint: str | None = None, out: str | None = None) -> Value:
+        """The shape as int64, optionally ``[start:end]`` (attributes since 15; a Slice
+        before)."""
+        value = self._operand(x, None, "shape_in")
+        if start is None and end is None:
+            return self.op("Shape", value, hint=hint, out=out, dtype=np.int64)
+        if self.opset >= 15:
+            attrs = {"start": start} if start is not None else {}
+            if end is not None:
+                attrs["end"] = end
+            return self.op("Shape", value, hint=hint, out=out, dtype=np.int64, **attrs)
+        full = self.op("Shape", value, hint=f"{hint or 'shape'}_full", dtype=np.int64)
+        return self.Slice(full, [start or 0], [INT64_MAX if end is None else end], [0],
+                          hint=hint, out=out)
+
+    def Size(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
+        return self._unary("Size", x, hint, out, result=np.dtype(np.int64))
+
+    def Reshape(self, x: Operand, shape: IntsOrValue, *, hint: str | None = None,
+                out: str | None = None) -> Value:
+        """``0`` in ``shape`` copies the input's dim (allowzero is never set)."""
+        value = self._operand(x, None, "reshape_in")
+        return self.op("Reshape", value, self._index(shape, "shape"), hint=hint, out=out,
+                       dtype=value.dtype)
+
+    def Expand(self, x: Operand, shape: IntsOrValue, *, hint: str | None = None,
+               out: str | None = None) -> Value:
+        value = self._operand(x, None, "expand_in")
+        return self.op("Expand", value, self._index(shape, "expand_shape"), hint=hint,
+                       out=out, dtype=value.dtype)
+
+    def Tile(self, x: Operand, repeats: IntsOrValue, *, hint: str | None = None,
+             out: str | None = None) -> Value:
+        value = self._operand(x, None, "tile_in")
+        return self.op("Tile", value, self._index(repeats, "repeats"), hint=hint, out=out,
+                       dtype=value.dtype)
+
+    def Transpose(self, x: Operand, perm: Sequence[int], *, hint: str | None = None,
+                  out: str | None = None) -> Value:
+        return self._unary("Transpose", x, hint, out, perm=[int(p) for p in perm])
+
+    def Unsqueeze(self, x: Operand, axes: Sequence[int], *, hint: str | None = None,
+                  out: str | None = None) -> Value:
         # Unsqueeze-13 moved `axes` from an attribute to an input.
+        value = self._operand(x, None, "unsqueeze_in")
         if self.opset >= 13:
-            return self.op("Unsqueeze", x, self.ints(list(axes), "axes"), hint=hint)
-        return self.op("Unsqueeze", x, axes=list(axes), hint=hint)
+            return self.op("Unsqueeze", value, self.ints(list(axes), "axes"), hint=hint,
+                           out=out, dtype=value.dtype)
+        return self.op("Unsqueeze", value, axes=list(axes), hint=hint, out=out,
+                       dtype=value.dtype)
 
-    def squeeze(self, x: str, axes: Sequence[int], hint: str = "squeeze") -> str:
+    def Squeeze(self, x: Operand, axes: Sequence[int], *, hint: str | None = None,
+                out: str | None = None) -> Value:
         # Squeeze-13 moved `axes` from an attribute to an input.
+        value = self._operand(x, None, "squeeze_in")
         if self.opset >= 13:
-            return self.op("Squeeze", x, self.ints(list(axes), "axes"), hint=hint)
-        return self.op("Squeeze", x, axes=list(axes), hint=hint)
+            return self.op("Squeeze", value, self.ints(list(axes), "axes"), hint=hint,
+                           out=out, dtype=value.dtype)
+        return self.op("Squeeze", value, axes=list(axes), hint=hint, out=out,
+                       dtype=value.dtype)
 
-    def reduce(
-        self, op_type: str, x: str, axes: Sequence[int], keepdims: bool = True,
-        hint: str | None = None,
-    ) -> str:
-        """ReduceSum/ReduceMax/...: ReduceSum took `axes` as an input at 13, the rest at 18."""
-        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
-        if axes_as_input:
-            return self.op(op_type, x, self.ints(list(axes), "axes"), keepdims=int(keepdims),
-                           hint=hint or op_type)
-        return self.op(op_type, x, axes=list(axes), keepdims=int(keepdims),
-                       hint=hint or op_type)
+    def Concat(self, *xs: Operand, axis: int, hint: str | None = None,
+               out: str | None = None) -> Value:
+        like = self._dtype_of(*xs)
+        values = [self._operand(x, like, "concat_in") for x in xs]
+        return self.op("Concat", *values, axis=axis, hint=hint, out=out, dtype=like)
 
-    def slice(
-        self,
-        x: str,
-        starts: Sequence[int],
-        ends: Sequence[int],
-        axes: Sequence[int],
-        steps: Sequence[int] | None = None,
-        hint: str = "slice",
-        out: str | None = None,
-    ) -> str:
-        # From opset 10 on, Slice takes starts/ends/axes/steps as inputs.
-        inputs = [x, self.ints(list(starts), "starts"), self.ints(list(ends), "ends"),
-                  self.ints(list(axes), "slice_axes")]
-        if steps is not None:
-            inputs.append(self.ints(list(steps), "steps"))
-        return self.op("Slice", *inputs, hint=hint, out=out)
-
-    def split(self, x: str, sizes: Sequence[int], axis: int, hint: str = "split") -> list[str]:
+    def Split(self, x: Operand, sizes: Sequence[int], axis: int, *,
+              hint: str | None = None) -> list[Value]:
+        """Split into pieces of the given static sizes along ``axis``."""
+        value = self._operand(x, None, "split_in")
+        dtypes = [value.dtype] * len(sizes)
         # Split-13 moved `split` from an attribute to an input.
         if self.opset >= 13:
-            return self.op_multi("Split", [x, self.ints(list(sizes), "split")], len(sizes),
-                                 axis=axis, hint=hint)
-        return self.op_multi("Split", [x], len(sizes), axis=axis, split=list(sizes), hint=hint)
+            return self.op_multi("Split", [value, self.ints(list(sizes), "split")], len(sizes),
+                                 axis=axis, hint=hint or "split", dtypes=dtypes)
+        return self.op_multi("Split", [value], len(sizes), axis=axis, split=list(sizes),
+                             hint=hint or "split", dtypes=dtypes)
+
+    def Slice(self, x: Operand, starts: IntsOrValue, ends: IntsOrValue,
+              axes: IntsOrValue | None = None, steps: IntsOrValue | None = None, *,
+              hint: str | None = None, out: str | None = None) -> Value:
+        """Slice with static (int lists) or run-time (Values) bounds. Portable output
+        avoids negative ``steps``: onnx2tf turns some step -1 Slices into Identity."""
+        value = self._operand(x, None, "slice_in")
+        inputs = [value, self._index(starts, "starts"), self._index(ends, "ends")]
+        if axes is not None or steps is not None:
+            inputs.append(self._index(axes, "slice_axes") if axes is not None else "")
+        if steps is not None:
+            inputs.append(self._index(steps, "steps"))
+        return self.op("Slice", *inputs, hint=hint, out=out, dtype=value.dtype)
+
+    def Pad(self, x: Operand, pads: IntsOrValue, value: Any = 0, *, mode: str = "constant",
+            hint: str | None = None, out: str | None = None) -> Value:
+        """``pads`` is [x1_begin, x2_begin, ..., x1_end, x2_end, ...]; inputs since 11."""
+        data = self._operand(x, None, "pad_in")
+        inputs = [data, self._index(pads, "pads")]
+        if mode == "constant":
+            inputs.append(self._operand(value, data.dtype, "pad_value"))
+        return self.op("Pad", *inputs, mode=mode, hint=hint, out=out, dtype=data.dtype)
+
+    def ConstantOfShape(self, shape: IntsOrValue, value: Any, dtype: Any = None, *,
+                        hint: str | None = None, out: str | None = None) -> Value:
+        """A tensor of ``shape`` filled with ``value`` (of ``dtype``, default float32)."""
+        fill = np.asarray([value], dtype=dtype if dtype is not None else np.float32)
+        return self.op("ConstantOfShape", self._index(shape, "fill_shape"), hint=hint,
+                       out=out, dtype=fill.dtype, value=numpy_helper.from_array(fill))
+
+    def Range(self, start: Operand, limit: Operand, delta: Operand, *,
+              hint: str | None = None, out: str | None = None) -> Value:
+        """``start, start + delta, ...`` below ``limit``; all three are scalars of one type."""
+        like = self._dtype_of(start, limit, delta)
+        values = [self._operand(v, like, "range_arg") for v in (start, limit, delta)]
+        return self.op("Range", *values, hint=hint, out=out, dtype=like)
+
+    # -- indexing -----------------------------------------------------------------------------
+
+    def Gather(self, data: Operand, indices: IntsOrValue, axis: int = 0, *,
+               hint: str | None = None, out: str | None = None) -> Value:
+        value = self._operand(data, None, "gather_in")
+        return self.op("Gather", value, self._index(indices, "indices"), axis=axis,
+                       hint=hint, out=out, dtype=value.dtype)
+
+    def GatherElements(self, data: Operand, indices: Operand, axis: int, *,
+                       hint: str | None = None, out: str | None = None) -> Value:
+        value = self._operand(data, None, "gather_in")
+        return self.op("GatherElements", value, self._operand(indices, np.dtype(np.int64),
+                                                              "indices"),
+                       axis=axis, hint=hint, out=out, dtype=value.dtype)
+
+    def GatherND(self, data: Operand, indices: Operand, batch_dims: int = 0, *,
+                 hint: str | None = None, out: str | None = None) -> Value:
+        value = self._operand(data, None, "gather_in")
+        attrs = {"batch_dims": batch_dims} if batch_dims else {}
+        if batch_dims and self.opset < 12:
+            raise ValueError("GatherND batch_dims needs opset 12")
+        return self.op("GatherND", value, self._operand(indices, np.dtype(np.int64),
+                                                        "indices"),
+                       hint=hint, out=out, dtype=value.dtype, **attrs)
+
+    def ScatterElements(self, data: Operand, indices: Operand, updates: Operand, axis: int,
+                        *, hint: str | None = None, out: str | None = None) -> Value:
+        value = self._operand(data, None, "scatter_in")
+        return self.op("ScatterElements", value,
+                       self._operand(indices, np.dtype(np.int64), "indices"),
+                       self._operand(updates, value.dtype, "updates"), axis=axis,
+                       hint=hint, out=out, dtype=value.dtype)
+
+    def TopK(self, x: Operand, k: IntsOrValue, axis: int = -1, *, largest: bool = True,
+             sorted: bool = True, hint: str | None = None) -> tuple[Value, Value]:
+        """(values, int64 indices) of the k largest (or smallest) along ``axis``."""
+        value = self._operand(x, None, "topk_in")
+        kk = self._index([k] if isinstance(k, int) else k, "k")
+        values, indices = self.op_multi("TopK", [value, kk], 2, axis=axis,
+                                        largest=int(largest), sorted=int(sorted),
+                                        hint=hint or "TopK",
+                                        dtypes=[value.dtype, np.int64])
+        return values, indices
+
+    # -- reductions and products ------------------------------------------------------------
+
+    def _reduce(self, op_type: str, x: Operand, axes: Sequence[int], keepdims: bool,
+                hint: str | None, out: str | None) -> Value:
+        """ReduceSum took `axes` as an input at 13, the other reductions at 18."""
+        value = self._operand(x, None, "reduce_in")
+        if self.opset >= (13 if op_type == "ReduceSum" else 18):
+            return self.op(op_type, value, self.ints(list(axes), "axes"),
+                           keepdims=int(keepdims), hint=hint or op_type, out=out,
+                           dtype=value.dtype)
+        return self.op(op_type, value, axes=list(axes), keepdims=int(keepdims),
+                       hint=hint or op_type, out=out, dtype=value.dtype)
+
+    def ReduceSum(self, x: Operand, axes: Sequence[int], keepdims: bool = True, *,
+                  hint: str | None = None, out: str | None = None) -> Value:
+        return self._reduce("ReduceSum", x, axes, keepdims, hint, out)
+
+    def ReduceMax(self, x: Operand, axes: Sequence[int], keepdims: bool = True, *,
+                  hint: str | None = None, out: str | None = None) -> Value:
+        return self._reduce("ReduceMax", x, axes, keepdims, hint, out)
+
+    def ReduceMin(self, x: Operand, axes: Sequence[int], keepdims: bool = True, *,
+                  hint: str | None = None, out: str | None = None) -> Value:
+        return self._reduce("ReduceMin", x, axes, keepdims, hint, out)
+
+    def ReduceMean(self, x: Operand, axes: Sequence[int], keepdims: bool = True, *,
+                   hint: str | None = None, out: str | None = None) -> Value:
+        return self._reduce("ReduceMean", x, axes, keepdims, hint, out)
+
+    def ReduceProd(self, x: Operand, axes: Sequence[int], keepdims: bool = True, *,
+                   hint: str | None = None, out: str | None = None) -> Value:
+        return self._reduce("ReduceProd", x, axes, keepdims, hint, out)
+
+    def ArgMax(self, x: Operand, axis: int, keepdims: bool = True, *,
+               select_last_index: bool = False, hint: str | None = None,
+               out: str | None = None) -> Value:
+        return self._arg("ArgMax", x, axis, keepdims, select_last_index, hint, out)
+
+    def ArgMin(self, x: Operand, axis: int, keepdims: bool = True, *,
+               select_last_index: bool = False, hint: str | None = None,
+               out: str | None = None) -> Value:
+        return self._arg("ArgMin", x, axis, keepdims, select_last_index, hint, out)
+
+    def _arg(self, op_type: str, x: Operand, axis: int, keepdims: bool, last: bool,
+             hint: str | None, out: str | None) -> Value:
+        """ArgMax/ArgMin as int64; ``select_last_index`` exists from opset 12, and below it
+        is spelled as the first index of the reversed axis, mapped back: n - 1 - i."""
+        value = self._operand(x, None, "arg_in")
+        if not last or self.opset >= 12:
+            attrs = {"select_last_index": 1} if last else {}
+            return self.op(op_type, value, axis=axis, keepdims=int(keepdims), hint=hint,
+                           out=out, dtype=np.int64, **attrs)
+        n = self.Gather(self.Shape(value), axis, hint="arg_n")
+        reverse = self.Range(n - 1, -1, -1, hint="arg_reverse")
+        first = self.op(op_type, self.Gather(value, reverse, axis=axis, hint="arg_reversed"),
+                        axis=axis, keepdims=int(keepdims), dtype=np.int64)
+        return self.Sub(n - 1, first, hint=hint, out=out)
+
+    def CumSum(self, x: Operand, axis: int, *, exclusive: bool = False,
+               reverse: bool = False, hint: str | None = None,
+               out: str | None = None) -> Value:
+        value = self._operand(x, None, "cumsum_in")
+        return self.op("CumSum", value, self.ints(axis, "cumsum_axis"),
+                       exclusive=int(exclusive), reverse=int(reverse), hint=hint, out=out,
+                       dtype=value.dtype)
+
+    def MatMul(self, a: Operand, c: Operand, *, hint: str | None = None,
+               out: str | None = None) -> Value:
+        return self._binary("MatMul", a, c, hint, out)
+
+    def Einsum(self, equation: str, *xs: Operand, hint: str | None = None,
+               out: str | None = None) -> Value:
+        if self.opset < 12:
+            raise ValueError("Einsum needs opset 12; use MatMul/ReduceSum below it")
+        like = self._dtype_of(*xs)
+        values = [self._operand(x, like, "einsum_in") for x in xs]
+        return self.op("Einsum", *values, equation=equation, hint=hint, out=out, dtype=like)
+
+    def Softmax(self, x: Operand, axis: int = -1, *, hint: str | None = None,
+                out: str | None = None) -> Value:
+        """Softmax along one axis. Before opset 13 Softmax flattened everything from
+        ``axis`` on, which equals a one-axis softmax only for the last axis; any other axis
+        is spelled exp(x - max) / sum there."""
+        value = self._operand(x, None, "softmax_in")
+        if self.opset >= 13 or axis == -1:
+            return self.op("Softmax", value, axis=axis, hint=hint, out=out, dtype=value.dtype)
+        shifted = self.Exp(value - self.ReduceMax(value, [axis]))
+        return self.Div(shifted, self.ReduceSum(shifted, [axis]), hint=hint, out=out)
+
+    # -- the first API's lower-case spellings, kept for existing user patterns ---------------
+
+    def cast(self, x: str, to: int, hint: str = "cast", out: str | None = None) -> Value:
+        return self.Cast(x, to, hint=hint, out=out)
+
+    def unsqueeze(self, x: str, axes: Sequence[int], hint: str = "unsqueeze") -> Value:
+        return self.Unsqueeze(x, axes, hint=hint)
+
+    def squeeze(self, x: str, axes: Sequence[int], hint: str = "squeeze") -> Value:
+        return self.Squeeze(x, axes, hint=hint)
+
+    def reduce(self, op_type: str, x: str, axes: Sequence[int], keepdims: bool = True,
+               hint: str | None = None) -> Value:
+        return self._reduce(op_type, x, axes, keepdims, hint, None)
+
+    def slice(self, x: str, starts: Sequence[int], ends: Sequence[int], axes: Sequence[int],
+              steps: Sequence[int] | None = None, hint: str = "slice",
+              out: str | None = None) -> Value:
+        return self.Slice(x, starts, ends, axes, steps, hint=hint, out=out)
+
+    def split(self, x: str, sizes: Sequence[int], axis: int, hint: str = "split"
+              ) -> list[Value]:
+        return self.Split(x, sizes, axis, hint=hint)
 
     def pad(self, x: str, pads: Sequence[int], value: Any, dtype: Any,
-            hint: str = "pad") -> str:
-        """Constant padding; ``pads`` is [x1_begin, x2_begin, ..., x1_end, x2_end, ...].
+            hint: str = "pad") -> Value:
+        return self.Pad(x, pads, np.asarray(value, dtype=dtype), hint=hint)
 
-        Pad-11 takes pads and the value as inputs (the builder's minimum opset is 11).
-        """
-        return self.op("Pad", x, self.ints(list(pads), "pads"),
-                       self.const(value, dtype, hint="pad_value"), mode="constant", hint=hint)
-
-    def identity(self, x: str, out: str, hint: str = "identity") -> str:
-        return self.op("Identity", x, hint=hint, out=out)
+    def identity(self, x: str, out: str, hint: str = "identity") -> Value:
+        return self.Identity(x, hint=hint, out=out)

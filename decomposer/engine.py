@@ -325,6 +325,7 @@ class _Rewriter:
         if missing:
             raise PatternError(f"pattern {pattern.name} did not write output(s) {missing} of "
                                f"node '{node.name}'")
+        builder.commit()
         for name, (elem_type, shape) in zip(node.output, declared, strict=False):
             if name:
                 self.types.record(name, elem_type, shape)
