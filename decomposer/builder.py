@@ -25,7 +25,7 @@ initializers are not allowed or not visible.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Union
+from typing import Any, TypeAlias
 
 import numpy as np
 import onnx
@@ -105,7 +105,7 @@ class Value(str):
         value.dtype = None if dtype is None else np.dtype(dtype)
         return value
 
-    def __add__(self, other: Any) -> Value:  # type: ignore[override]
+    def __add__(self, other: Any) -> Value:
         return self.builder.Add(self, other)
 
     def __radd__(self, other: Any) -> Value:
@@ -117,10 +117,10 @@ class Value(str):
     def __rsub__(self, other: Any) -> Value:
         return self.builder.Sub(other, self)
 
-    def __mul__(self, other: Any) -> Value:  # type: ignore[override]
+    def __mul__(self, other: Any) -> Value:
         return self.builder.Mul(self, other)
 
-    def __rmul__(self, other: Any) -> Value:  # type: ignore[override]
+    def __rmul__(self, other: Any) -> Value:
         return self.builder.Mul(other, self)
 
     def __truediv__(self, other: Any) -> Value:
@@ -135,7 +135,7 @@ class Value(str):
     def __neg__(self) -> Value:
         return self.builder.Neg(self)
 
-    def __mod__(self, other: Any) -> Value:  # type: ignore[override]
+    def __mod__(self, other: Any) -> Value:
         raise TypeError("use b.Mod(x, y, fmod=...) : '%' is ambiguous between ONNX's two "
                         "modulo semantics")
 
@@ -145,8 +145,8 @@ class Value(str):
 
 # Anything a method accepts where a tensor is expected: a Value or tensor name, or a number
 # / array / list that becomes a constant.
-Operand = Union[Value, str, int, float, bool, np.ndarray, np.generic, Sequence[Any]]
-IntsOrValue = Union[Value, str, int, Sequence[int], np.ndarray]
+Operand: TypeAlias = "Value | str | int | float | bool | np.ndarray | np.generic | Sequence[Any]"
+IntsOrValue: TypeAlias = "Value | str | int | Sequence[int] | np.ndarray"
 
 
 class Builder:
@@ -197,7 +197,7 @@ class Builder:
         """Wrap an existing tensor name (e.g. ``node.inputs[0]``) as a Value; ``dtype`` is a
         numpy dtype or an ONNX element type, or None if unknown."""
         if dtype is not None and not isinstance(dtype, np.dtype):
-            dtype = numpy_dtype(dtype) if isinstance(dtype, (int, np.integer)) else dtype
+            dtype = numpy_dtype(int(dtype)) if isinstance(dtype, (int, np.integer)) else dtype
         return Value(name, self, dtype)
 
     def const(self, value: Any, dtype: Any = None, hint: str = "const") -> Value:
@@ -563,7 +563,7 @@ class Builder:
         """Slice with static (int lists) or run-time (Values) bounds. Portable output
         avoids negative ``steps``: onnx2tf turns some step -1 Slices into Identity."""
         value = self._operand(x, None, "slice_in")
-        inputs = [value, self._index(starts, "starts"), self._index(ends, "ends")]
+        inputs: list[str] = [value, self._index(starts, "starts"), self._index(ends, "ends")]
         if axes is not None or steps is not None:
             inputs.append(self._index(axes, "slice_axes") if axes is not None else "")
         if steps is not None:
