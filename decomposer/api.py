@@ -25,30 +25,33 @@ from decomposer.report import Report
 
 
 def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
-              registry: Registry | None = None) -> onnx.ModelProto:
+              registry: Registry | None = None, target: str = "portable") -> onnx.ModelProto:
     """Return a copy of ``model`` with every decomposable custom node rewritten.
 
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
     :class:`UnsupportedNodeError`; ``check`` runs ``onnx.checker`` (full_check) on the result.
+    ``target`` is ``"portable"`` (the output runs on every engine; ONNX Runtime's contrib
+    ops count as unsupported) or ``"ort"`` (ONNX Runtime only: its contrib ops are kept and
+    patterns may choose forms tuned for it).
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                        check=check)
+                        check=check, target=target)
     return out
 
 
 def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = False,
-                          check: bool = True,
-                          registry: Registry | None = None) -> tuple[onnx.ModelProto, Report]:
+                          check: bool = True, registry: Registry | None = None,
+                          target: str = "portable") -> tuple[onnx.ModelProto, Report]:
     """Like :func:`decompose`, also returning the report."""
     return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                      check=check)
+                      check=check, target=target)
 
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
                    allow_unsupported: bool = False, check: bool = True,
                    registry: Registry | None = None, dry_run: bool = False,
-                   verify: bool = False,
-                   verify_options: Mapping[str, Any] | None = None) -> Report:
+                   verify: bool = False, verify_options: Mapping[str, Any] | None = None,
+                   target: str = "portable") -> Report:
     """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
@@ -60,7 +63,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     model = load_model(src)
     try:
         out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                                 check=check)
+                                 check=check, target=target)
     except UnsupportedNodeError as exc:
         if isinstance(exc.report, Report):
             exc.report.input_path, exc.report.output_path = str(src), None

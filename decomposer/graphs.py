@@ -8,7 +8,7 @@ alone: nothing here knows any op by name.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import onnx
 from onnx import AttributeProto
@@ -52,13 +52,19 @@ def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
 class OpClassifier:
     """Answers "is this node a standard op?" with a cache, since models repeat ops."""
 
-    def __init__(self, local_functions: set[tuple[str, str]]) -> None:
+    def __init__(self, local_functions: set[tuple[str, str]],
+                 runtime_ops: frozenset[tuple[str, str]] = frozenset()) -> None:
+        # runtime_ops: (domain, op_type) of non-ONNX ops the target runtime implements
+        # itself (ONNX Runtime's contrib ops under --target ort); they need no rewrite.
         self._local_functions = local_functions
+        self._runtime_ops = runtime_ops
         self._cache: dict[tuple[str, str, int | None], bool] = {}
 
     def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
         domain = norm_domain(node.domain)
         if (node.domain, node.op_type) in self._local_functions:
+            return True
+        if (domain, node.op_type) in self._runtime_ops:
             return True
         version = opsets.get(domain)
         key = (domain, node.op_type, version)
@@ -79,3 +85,49 @@ def has_schema(op_type: str, version: int, domain: str) -> bool:
 
 def opset_map(imports: list[onnx.OperatorSetIdProto]) -> dict[str, int]:
     return {norm_domain(imp.domain): imp.version for imp in imports}
+
+
+def is_default_domain(domain: str) -> bool:
+    return domain in DEFAULT_DOMAINS
+
+
+def function_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
+    """Every node of a function body, at any depth."""
+    for node in function.node:
+        yield node
+        for _, sub in subgraphs(node):
+            yield from all_nodes(sub)
+
+
+def function_subgraphs(function: onnx.FunctionProto) -> Iterator[onnx.GraphProto]:
+    """Every graph nested in a function body (If/Loop/Scan bodies), at any depth."""
+    for node in function.node:
+        for _, sub in subgraphs(node):
+            yield from all_graphs(sub)
+
+
+def model_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    """Every node of the model: main graph, nested graphs and local functions."""
+    yield from all_nodes(model.graph)
+    for function in model.functions:
+        yield from function_nodes(function)
+
+
+def function_opsets(model_opsets: dict[str, int], function: onnx.FunctionProto
+                    ) -> dict[str, int]:
+    """The opsets a function body sees: the model's, overridden by the function's own."""
+    return {**model_opsets, **opset_map(list(function.opset_import))}
+
+
+def externals_as_inputs(source: onnx.GraphProto, target: onnx.GraphProto,
+                        keep: Callable[[onnx.TensorProto], bool]) -> None:
+    """Copy ``source``'s initializers into ``target``, except that those ``keep`` refuses
+    become typed graph inputs (unless already declared as inputs): their bytes are not
+    needed to check or infer the graph, and external ones may not be readable from here."""
+    declared = {value.name for value in target.input}
+    for init in source.initializer:
+        if keep(init):
+            target.initializer.append(init)
+        elif init.name not in declared:
+            target.input.append(onnx.helper.make_tensor_value_info(
+                init.name, init.data_type, list(init.dims)))

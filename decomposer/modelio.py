@@ -32,6 +32,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto
 
 from decomposer.errors import InvalidModelError, ModelIOError
+from decomposer.graphs import all_graphs, function_subgraphs, model_nodes
 
 _COPY_CHUNK = 16 << 20
 _WRITEBACK_CHUNK = 64 << 20
@@ -71,29 +72,19 @@ def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
 
 
 def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    def in_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    graphs = [*all_graphs(model.graph),
+              *(g for f in model.functions for g in function_subgraphs(f))]
+    for graph in graphs:
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield sparse.values
             yield sparse.indices
-        yield from in_nodes(graph.node)
-
-    def in_nodes(nodes: object) -> Iterator[TensorProto]:
-        for node in nodes:  # type: ignore[attr-defined]
-            for attr in node.attribute:
-                if attr.type == AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == AttributeProto.TENSORS:
-                    yield from attr.tensors
-                elif attr.type == AttributeProto.GRAPH:
-                    yield from in_graph(attr.g)
-                elif attr.type == AttributeProto.GRAPHS:
-                    for sub in attr.graphs:
-                        yield from in_graph(sub)
-
-    yield from in_graph(model.graph)
-    for function in model.functions:
-        yield from in_nodes(function.node)
+    for node in model_nodes(model):
+        for attr in node.attribute:
+            if attr.type == AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == AttributeProto.TENSORS:
+                yield from attr.tensors
 
 
 def _external_info(tensor: TensorProto) -> dict[str, str]:

@@ -41,6 +41,7 @@ class ReplacedNode:
 @dataclass
 class Report:
     opset: int = 0
+    target: str = "portable"
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
     dropped_opset_imports: list[str] = field(default_factory=list)
@@ -84,6 +85,7 @@ class Report:
             "output": None if self.dry_run else self.output_path,
             "dry_run": self.dry_run,
             "opset": self.opset,
+            "target": self.target,
             "counts": self.counts,
             "replaced": [asdict(n) for n in self.replaced],
             "unsupported": [asdict(n) for n in self.unsupported],

@@ -1,0 +1,226 @@
+"""What a pattern may ask about the graph around a node: constants, types and shapes.
+
+In: the model being rewritten, and the scope (graph, enclosing graphs, name space) a node
+lives in. Out: :class:`NodeContext`, the :class:`decomposer.pattern.MatchContext` handed to
+``Pattern.check``.
+
+Name spaces: the main graph and its If/Loop/Scan bodies share one (a body may read outer
+names); each model-local function has its own, so a function's tensor ``t`` never takes the
+type of an unrelated main-graph tensor also called ``t``. Types come from the model's own
+annotations plus ONNX shape inference, which runs lazily, once, and only if a pattern asks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from decomposer.graphs import all_graphs, externals_as_inputs, norm_domain
+
+log = logging.getLogger("decomposer")
+
+MAIN_NAMESPACE = "main graph"
+
+
+class Scope:
+    """One graph being rewritten, with its enclosing scopes for outer-name lookups.
+
+    ``namespace`` names the name space it belongs to (:data:`MAIN_NAMESPACE` or a function's
+    label); ``is_function`` says whether that is a function body, whose "inputs" are its call
+    sites' arguments, not the model's inputs.
+    """
+
+    def __init__(self, graph: onnx.GraphProto, label: str, parent: Scope | None,
+                 namespace: str = MAIN_NAMESPACE, is_function: bool = False) -> None:
+        self.graph = graph
+        self.label = label
+        self.parent = parent
+        self.namespace: str = parent.namespace if parent is not None else namespace
+        self.is_function: bool = parent.is_function if parent is not None else is_function
+        self._constants: dict[str, onnx.TensorProto | onnx.NodeProto] | None = None
+
+    def child(self, graph: onnx.GraphProto, label: str) -> Scope:
+        return Scope(graph, label, self)
+
+    def constant_source(self, name: str) -> onnx.TensorProto | onnx.NodeProto | None:
+        scope: Scope | None = self
+        while scope is not None:
+            found = scope._own_constants().get(name)
+            if found is not None:
+                return found
+            scope = scope.parent
+        return None
+
+    def _own_constants(self) -> dict[str, onnx.TensorProto | onnx.NodeProto]:
+        if self._constants is None:
+            constants: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
+            for init in self.graph.initializer:
+                constants[init.name] = init
+            for node in self.graph.node:
+                if node.op_type == "Constant" and norm_domain(node.domain) == "":
+                    for out in node.output:
+                        constants[out] = node
+            # A graph input with the initializer's name may be overridden at run time:
+            # such an initializer is a default, not a constant.
+            for value in self.graph.input:
+                constants.pop(value.name, None)
+            self._constants = constants
+        return self._constants
+
+
+class TypeTables:
+    """Static types of tensors, one table per name space, filled lazily."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self._model = model
+        self._tables: dict[str, dict[str, onnx.TypeProto]] | None = None
+
+    def _load(self) -> dict[str, dict[str, onnx.TypeProto]]:
+        if self._tables is not None:
+            return self._tables
+        main: dict[str, onnx.TypeProto] = {}
+        inferred = self._model
+        try:
+            inferred = onnx.shape_inference.infer_shapes(light_copy(self._model))
+        except Exception as exc:  # inference is a best effort; declared types still count
+            log.debug("shape inference failed, using declared types only: %s", exc)
+        for graph in all_graphs(inferred.graph):
+            for value in [*graph.input, *graph.output, *graph.value_info]:
+                if value.type.HasField("tensor_type"):
+                    main.setdefault(value.name, value.type)
+            for init in graph.initializer:
+                main.setdefault(init.name, onnx.helper.make_tensor_type_proto(
+                    init.data_type, list(init.dims)))
+        tables = {MAIN_NAMESPACE: main}
+        for function in self._model.functions:
+            table: dict[str, onnx.TypeProto] = {}
+            for value in getattr(function, "value_info", []):
+                if value.type.HasField("tensor_type"):
+                    table.setdefault(value.name, value.type)
+            tables[function_label(function)] = table
+        self._tables = tables
+        return tables
+
+    def _table(self, namespace: str) -> dict[str, onnx.TypeProto]:
+        return self._load().setdefault(namespace, {})
+
+    def record(self, namespace: str, name: str, elem_type: int | None,
+               shape: Sequence[int | str | None] | None) -> None:
+        """Remember a rewritten node's output type, unless inference already knows it."""
+        table = self._table(namespace)
+        if name not in table:
+            table[name] = onnx.helper.make_tensor_type_proto(
+                elem_type or 0, None if shape is None else list(shape))
+
+    def tensor_type(self, namespace: str, name: str) -> onnx.TypeProto.Tensor | None:
+        tp = self._table(namespace).get(name)
+        return tp.tensor_type if tp is not None else None
+
+
+def function_label(function: onnx.FunctionProto) -> str:
+    """How reports name a local function; also the key of its name space."""
+    overload = getattr(function, "overload", "")
+    suffix = f" (overload '{overload}')" if overload else ""
+    return f"function '{function.domain}::{function.name}'{suffix}"
+
+
+def light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy for shape inference in which large initializers become typed graph inputs,
+    so inference never copies weight bytes (shape tensors are small and stay)."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    source = model.graph
+    graph.name = source.name
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    externals_as_inputs(source, graph, keep=lambda init: (
+        init.data_location != onnx.TensorProto.EXTERNAL and init.ByteSize() <= 4096))
+    return light
+
+
+class NodeContext:
+    """The :class:`decomposer.pattern.MatchContext` handed to ``Pattern.check``."""
+
+    def __init__(self, scope: Scope, types: TypeTables, opset: int,
+                 target: str = "portable") -> None:
+        self._scope = scope
+        self._types = types
+        self.opset = opset
+        self.target = target
+
+    def constant(self, name: str) -> np.ndarray | None:
+        if not name:
+            return None
+        source = self._scope.constant_source(name)
+        if source is None:
+            return None
+        try:
+            if isinstance(source, onnx.TensorProto):
+                if source.data_location == onnx.TensorProto.EXTERNAL:
+                    return None
+                return numpy_helper.to_array(source)
+            return constant_node_value(source)
+        except Exception:  # a malformed constant is simply not a usable constant
+            return None
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        tensor = self._types.tensor_type(self._scope.namespace, name) if name else None
+        if tensor is None or not tensor.HasField("shape"):
+            const = self.constant(name)
+            return tuple(const.shape) if const is not None else None
+        dims: list[int | str | None] = []
+        for dim in tensor.shape.dim:
+            if dim.HasField("dim_value"):
+                dims.append(dim.dim_value)
+            elif dim.HasField("dim_param"):
+                dims.append(dim.dim_param)
+            else:
+                dims.append(None)
+        return tuple(dims)
+
+    def is_model_input(self, name: str) -> bool:
+        scope = self._scope
+        while scope.parent is not None:
+            scope = scope.parent
+        if scope.is_function:  # its inputs are call-site arguments, possibly constants
+            return False
+        graph = scope.graph
+        return (any(value.name == name for value in graph.input)
+                and not any(init.name == name for init in graph.initializer))
+
+    def elem_type(self, name: str) -> int | None:
+        tensor = self._types.tensor_type(self._scope.namespace, name) if name else None
+        if tensor is not None and tensor.elem_type:
+            return tensor.elem_type
+        source = self._scope.constant_source(name) if name else None
+        if isinstance(source, onnx.TensorProto):
+            return source.data_type
+        const = self.constant(name)
+        if const is not None:
+            return onnx.helper.np_dtype_to_tensor_dtype(const.dtype)
+        return None
+
+
+def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` node, whichever attribute holds it."""
+    for attr in node.attribute:
+        if attr.name == "value":
+            return numpy_helper.to_array(attr.t)
+        if attr.name == "value_int":
+            return np.array(attr.i, dtype=np.int64)
+        if attr.name == "value_ints":
+            return np.array(list(attr.ints), dtype=np.int64)
+        if attr.name == "value_float":
+            return np.array(attr.f, dtype=np.float32)
+        if attr.name == "value_floats":
+            return np.array(list(attr.floats), dtype=np.float32)
+    return None
