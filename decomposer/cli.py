@@ -21,6 +21,7 @@ from pathlib import Path
 
 from decomposer import __version__
 from decomposer.api import decompose_file
+from decomposer.builder import TARGETS
 from decomposer.errors import (
     DecomposerError,
     ModelIOError,
@@ -58,11 +59,22 @@ def _parser() -> argparse.ArgumentParser:
                         help="load extra patterns from a .py file or module (repeatable)")
     parser.add_argument("--override", action="store_true",
                         help="let --patterns replace built-in patterns for the same op")
+    parser.add_argument("--target", choices=TARGETS, default="portable",
+                        help="portable (default): the output runs on every engine (ONNX "
+                             "Runtime, OpenVINO, TVM, TensorRT, converters) and ONNX "
+                             "Runtime-only contrib ops count as unsupported; ort: ONNX Runtime "
+                             "only (its contrib ops are kept; ORT-tuned forms where faster)")
     verify = parser.add_argument_group("verification (--verify)")
-    verify.add_argument("--verify", action="store_true",
-                        help="run the original (pattern references on onnx.reference) and the "
-                             "result (ONNX Runtime) and compare every output and every "
-                             "replaced node's output; exit 1 on a mismatch")
+    verify.add_argument("--verify", nargs="?", const="fast", choices=("fast", "full"),
+                        metavar="MODE",
+                        help="check the result before writing it; exit 1 on a mismatch. "
+                             "--verify (fast): run the result once per feed set and compare "
+                             "every replaced node's outputs with its pattern's numpy reference "
+                             "on the captured inputs; --verify=full: also run the whole "
+                             "original on onnx.reference (pure numpy: small sizes only)")
+    verify.add_argument("--engine", action="append", default=[], metavar="NAME",
+                        help="engine to run the result on: ort (default), openvino, tvm "
+                             "(repeatable); each is checked against the same references")
     verify.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (1e-5)")
     verify.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (1e-4)")
     verify.add_argument("--runs", type=int, default=2,
@@ -89,7 +101,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parser.parse_args(_verify_mode_explicit(
+            list(argv) if argv is not None else sys.argv[1:]))
     except SystemExit as exit_:  # argparse already printed usage/--help/--version
         return int(exit_.code or 0)
     logging.basicConfig(level=logging.DEBUG if args.debug else
@@ -146,7 +159,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               file=sys.stderr)
     verify_flags = [flag for flag, given in [
         ("--inputs", args.inputs), ("--expected", args.expected),
-        ("--input-shape", args.input_shape), ("--input-value", args.input_value)] if given]
+        ("--input-shape", args.input_shape), ("--input-value", args.input_value),
+        ("--engine", args.engine)] if given]
     if verify_flags and not args.verify and not args.quiet:
         print(f"decomposer: warning: {', '.join(verify_flags)} ignored without --verify",
               file=sys.stderr)
@@ -154,10 +168,14 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print("decomposer: error: --expected needs --inputs FILE.npz (the feeds the expected "
               "outputs came from)", file=sys.stderr)
         return EXIT_USAGE
+    for path, what in [(args.output, "OUTPUT"), (args.report, "--report")]:
+        if path and (what != "OUTPUT" or not args.dry_run):
+            _require_writable(path, what)
     options = _verify_options(args) if args.verify else None
     report = decompose_file(args.input, args.output, allow_unsupported=args.allow_unsupported,
                             check=not args.no_check, registry=registry, dry_run=args.dry_run,
-                            verify=args.verify, verify_options=options)
+                            verify=args.verify is not None, verify_options=options,
+                            target=args.target)
     if args.report:
         _write_report(args.report, report.to_dict())
     if not args.quiet:
@@ -169,6 +187,9 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"decomposer: warning: kept {issue.describe()}", file=sys.stderr)
         if report.verification is not None and args.verbose:
             print(report.verification.table())
+        elif report.verification is not None:
+            for note in report.verification.notes:
+                print(f"decomposer: warning: verification: {note}", file=sys.stderr)
         print(report.summary())
         if report.verification is not None:
             print(report.verification.summary())
@@ -178,13 +199,40 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _verify_options(args: argparse.Namespace) -> dict:
     from decomposer.verification import load_npz, parse_input_shapes, parse_input_values
 
+    def progress(line: str) -> None:
+        print(f"decomposer: {line}", file=sys.stderr, flush=True)
+
     return {
         "feeds": load_npz(args.inputs) if args.inputs else None,
-        "expected": load_npz(args.expected) if args.expected else None,
+        "expected": load_npz(args.expected, "--expected") if args.expected else None,
         "input_shapes": parse_input_shapes(args.input_shape),
         "input_values": parse_input_values(args.input_value),
         "atol": args.atol, "rtol": args.rtol, "runs": args.runs, "seed": args.seed,
+        "mode": args.verify, "engines": args.engine or ["ort"],
+        "progress": None if args.quiet else progress,
     }
+
+
+def _verify_mode_explicit(argv: list[str]) -> list[str]:
+    """``--verify`` takes an optional mode; a bare ``--verify`` right before the input path
+    must not swallow it as the mode, so it is spelled ``--verify=fast`` before parsing."""
+    return ["--verify=fast" if arg == "--verify" and (index + 1 == len(argv) or
+                                                      argv[index + 1] not in ("fast", "full"))
+            else arg for index, arg in enumerate(argv)]
+
+
+def _require_writable(path: str, what: str) -> None:
+    """Fail before anything is written if ``path`` cannot be written: a run that wrote the
+    model and then failed on its report would leave half of what was asked for."""
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+    if target.is_dir():
+        raise ModelIOError(f"{what} {path} is a directory")
+    if not folder.is_dir():
+        raise ModelIOError(f"{what} {path}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK) or \
+            (target.exists() and not os.access(target, os.W_OK)):
+        raise ModelIOError(f"{what} {path}: permission denied")
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -209,10 +257,10 @@ def _print_error(exc: DecomposerError) -> None:
                   f"the original; do not ship it", file=sys.stderr)
         return
     if isinstance(exc, UnsupportedNodeError):
-        headline, *nodes = str(exc).splitlines()
-        print(f"decomposer: error: {headline}", file=sys.stderr)
-        for line in nodes:
-            print(f"decomposer: error: {line.strip()}", file=sys.stderr)
+        print(f"decomposer: error: {len(exc.nodes)} node(s) cannot be decomposed:",
+              file=sys.stderr)
+        for issue in exc.nodes:
+            print(f"decomposer: error: {issue.describe()}", file=sys.stderr)
         print("decomposer: error: nothing written; pass --allow-unsupported to keep such "
               "nodes", file=sys.stderr)
         return

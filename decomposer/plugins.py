@@ -51,13 +51,18 @@ def load_pattern_source(source: str, registry: Registry, *, override: bool = Fal
     path = Path(source)
     is_file = source.endswith(".py") or path.is_file()
     label = f"file {source}" if is_file else f"module {source}"
-    before = len(registry)
+    key = str(path.resolve()) if is_file and path.is_file() else source
+    if key in registry.loaded_sources:
+        return  # the same source given twice is loaded once
     with _attributing(label, registry, override):
         module = _import_file(path) if is_file else _import_module(source)
         _register_declared(module, getattr(module, "PATTERNS", None), label, registry, override)
-    if len(registry) == before and not getattr(module, "PATTERNS", None):
+    # Count what this source registered (an override replaces rather than grows).
+    if not any(entry.source == label for entry in registry) \
+            and not getattr(module, "PATTERNS", None):
         raise PatternError(f"{source} declares no pattern: define PATTERNS = [MyPattern()] "
                            f"or decorate a Pattern subclass with @decomposer.register")
+    registry.loaded_sources.add(key)
 
 
 def load_entry_points(registry: Registry, *, override: bool = False) -> None:

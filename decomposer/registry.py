@@ -12,12 +12,15 @@ Registering two patterns under one key is an error unless ``override=True``.
 
 from __future__ import annotations
 
+import inspect
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import onnx
 
 from decomposer.errors import PatternError
+from decomposer.graphs import norm_domain
 from decomposer.pattern import ATEN_DOMAIN, Pattern
 
 _ANY = "*"
@@ -33,6 +36,7 @@ class Registry:
     def __init__(self) -> None:
         self._entries: list[Entry] = []
         self._by_key: dict[tuple[str, str], Entry] = {}
+        self.loaded_sources: set[str] = set()  # --patterns files/modules already loaded
 
     def register(self, pattern: Pattern, *, source: str = "built-in",
                  override: bool = False) -> Pattern:
@@ -44,14 +48,18 @@ class Registry:
         if pattern.aten_operator:
             keys.append((ATEN_DOMAIN, "ATen:" + pattern.aten_operator))
         entry = Entry(pattern, source)
+        # The same class defined in the same file, registered again (a module imported
+        # under two names, e.g. installed as an entry point and imported by its own tests)
+        # is a reload, not a clash: the newer definition replaces the older silently.
         clashes = sorted({self._by_key[k].source + ": " + self._by_key[k].pattern.name
-                          for k in keys if k in self._by_key})
+                          for k in keys if k in self._by_key
+                          and not _same_definition(self._by_key[k].pattern, pattern)})
         if clashes and not override:
             raise PatternError(
                 f"pattern {pattern.name} from {source} clashes with {', '.join(clashes)} "
-                f"on the same (domain, op_type); pass override=True (CLI: --override) to "
-                f"replace it")
-        if clashes:
+                f"on the same (domain, op_type); register it with override=True (command "
+                f"line: --override) to replace it")
+        if any(k in self._by_key for k in keys):
             replaced = {id(self._by_key[k]) for k in keys if k in self._by_key}
             self._entries = [e for e in self._entries if id(e) not in replaced]
         for key in keys:
@@ -61,7 +69,7 @@ class Registry:
 
     def lookup(self, node: onnx.NodeProto) -> tuple[Pattern, str] | None:
         """(pattern, form) for ``node``, or None when no pattern answers for it."""
-        domain = "" if node.domain == "ai.onnx" else node.domain
+        domain = norm_domain(node.domain)
         entry = self._by_key.get((domain, node.op_type)) or self._by_key.get((_ANY, node.op_type))
         if entry is not None and domain != ATEN_DOMAIN:
             return entry.pattern, "native"
@@ -84,7 +92,22 @@ class Registry:
         clone = Registry()
         clone._entries = list(self._entries)
         clone._by_key = dict(self._by_key)
+        clone.loaded_sources = set(self.loaded_sources)
         return clone
+
+
+def _same_definition(a: Pattern, b: Pattern) -> bool:
+    """Whether two pattern instances come from two imports of one class definition (the
+    same qualified name in the same file). One class registered twice is a duplicate."""
+    ta, tb = type(a), type(b)
+    if ta is tb:
+        return False
+    if ta.__qualname__ != tb.__qualname__:
+        return False
+    try:
+        return os.path.samefile(inspect.getfile(ta), inspect.getfile(tb))
+    except (TypeError, OSError):
+        return False
 
 
 def _aten_operator(node: onnx.NodeProto) -> str | None:
