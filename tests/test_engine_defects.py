@@ -1,0 +1,173 @@
+"""Regressions of engine, CLI and target behaviour found in review (each failed before its
+fix): constants of a rejected replacement, function name spaces, pattern crashes, output
+paths checked before writing, messages that fit the library or the CLI, --target."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer.cli import main
+from decomposer.registry import Registry
+
+from _helpers import make_model, run_onnxruntime
+
+
+class AddsConstantThenRejects(decomposer.Pattern):
+    """Emits a constant, then rejects the node while building (first node only)."""
+
+    op_type = "Plus7"
+
+    def check(self, node, ctx):
+        return ctx.elem_type(node.inputs[0])
+
+    def build(self, b, node, elem_type):
+        # The first-generation spelling (b.op), so this test runs against older engines too.
+        seven = b.const(7.0, np.float32, hint="seven")
+        if node.name == "first":
+            raise decomposer.Reject("the first node is refused on purpose")
+        b.op("Add", node.inputs[0], seven, out=node.outputs[0])
+
+
+def _plus7_model():
+    nodes = [helper.make_node("Plus7", ["x"], ["y1"], name="first", domain="t"),
+             helper.make_node("Plus7", ["x"], ["y2"], name="second", domain="t")]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("x", "y1", "y2")]
+    return make_model(nodes, info[:1], info[1:], 17, extra_opsets=["t"])
+
+
+@pytest.mark.parametrize("check", [True, False])
+def test_rejected_build_does_not_leave_shared_constants(check):
+    registry = Registry()
+    registry.register(AddsConstantThenRejects())
+    out, report = decomposer.decompose_with_report(_plus7_model(), registry=registry,
+                                                   allow_unsupported=True, check=check)
+    assert [i.name for i in report.unsupported] == ["first"]
+    produced = {o for n in out.graph.node for o in n.output} | {"x"}
+    standard = [n for n in out.graph.node if n.domain == ""]
+    assert all(i in produced for n in standard for i in n.input), \
+        "a replacement reads a constant that nothing produces"
+    # The second node was rewritten with its own constant: y2 = x + 7.
+    kept = [n for n in out.graph.node if n.domain == "t"]
+    assert [n.name for n in kept] == ["first"]
+
+
+def test_function_types_do_not_leak_from_the_main_graph():
+    # Main graph: `t` is an int64 tensor. Function body: its own `t` is float (value_info);
+    # a pattern asking for the function's `t` must see float, not the main graph's int64.
+    seen = {}
+
+    class Probe(decomposer.Pattern):
+        op_type = "Probe"
+
+        def check(self, node, ctx):
+            seen[node.name] = ctx.elem_type(node.inputs[0])
+            return None
+
+        def build(self, b, node, facts):
+            b.op("Identity", node.inputs[0], out=node.outputs[0])
+
+    body = [helper.make_node("Identity", ["a"], ["t"], name="copy"),
+            helper.make_node("Probe", ["t"], ["b"], name="probe_in_function", domain="t")]
+    function = helper.make_function("local", "F", ["a"], ["b"], body,
+                                    [helper.make_opsetid("", 17), helper.make_opsetid("t", 1)])
+    function.value_info.append(helper.make_tensor_value_info("t", TensorProto.FLOAT, [2]))
+    nodes = [helper.make_node("Shape", ["x"], ["t"], name="main_t"),
+             helper.make_node("F", ["x"], ["y"], name="call", domain="local")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+                        helper.make_tensor_value_info("t", TensorProto.INT64, [1])], 17,
+                       extra_opsets=["t", "local"], functions=[function])
+    registry = Registry()
+    registry.register(Probe())
+    decomposer.decompose(model, registry=registry)
+    assert seen == {"probe_in_function": TensorProto.FLOAT}
+
+
+class Crashes(decomposer.Pattern):
+    op_type = "Plus7"
+
+    def build(self, b, node, facts):
+        raise ZeroDivisionError("bug in the pattern")
+
+
+def test_a_crashing_pattern_is_exit_4(tmp_path, capsys):
+    src = tmp_path / "m.onnx"
+    onnx.save(_plus7_model(), src)
+    plugin = tmp_path / "crash.py"
+    plugin.write_text("import decomposer\n\n@decomposer.register\nclass Crashes(decomposer.Pattern):\n"
+                      "    op_type = 'Plus7'\n\n    def build(self, b, node, facts):\n"
+                      "        raise ZeroDivisionError('bug in the pattern')\n")
+    assert main([str(src), str(tmp_path / "o.onnx"), "--patterns", str(plugin)]) == 4
+    err = capsys.readouterr().err
+    assert "ZeroDivisionError: bug in the pattern" in err and "Traceback" not in err
+    assert not (tmp_path / "o.onnx").exists()
+    with pytest.raises(decomposer.PatternError) as info:
+        registry = Registry()
+        registry.register(Crashes())
+        decomposer.decompose(_plus7_model(), registry=registry)
+    assert info.value.exit_code == 4
+
+
+def test_unwritable_report_path_writes_nothing(tmp_path, capsys):
+    src, dst = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    src.write_bytes((__import__("pathlib").Path(__file__).parent / "data" /
+                     "stn_custom.onnx").read_bytes())
+    code = main([str(src), str(dst), "--report", str(tmp_path / "missing" / "r.json")])
+    assert code == 5
+    err = capsys.readouterr().err
+    assert "--report" in err and len(err.strip().splitlines()) == 1
+    assert not dst.exists(), "the model was written although the report could not be"
+
+
+def test_allow_unsupported_warning_does_not_tell_to_pass_allow_unsupported(tmp_path, capsys):
+    node = helper.make_node("Mystery", ["x"], ["y"], name="mystery", domain="acme")
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in "xy"]
+    src = tmp_path / "m.onnx"
+    onnx.save(make_model([node], info[:1], info[1:], 17, extra_opsets=["acme"]), src)
+    assert main([str(src), str(tmp_path / "o.onnx"), "--allow-unsupported"]) == 0
+    err = capsys.readouterr().err
+    assert "mystery" in err and "--allow-unsupported" not in err
+    assert main([str(src), str(tmp_path / "o2.onnx")]) == 3
+    assert "--allow-unsupported" in capsys.readouterr().err
+    # The library's message names no command-line flag.
+    with pytest.raises(decomposer.UnsupportedNodeError) as info_:
+        decomposer.decompose(onnx.load(src))
+    assert "--" not in str(info_.value)
+
+
+def _contrib_model():
+    node = helper.make_node("FastGelu", ["x"], ["y"], name="gelu", domain="com.microsoft")
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "xy"]
+    return make_model([node], info[:1], info[1:], 17, extra_opsets=["com.microsoft"])
+
+
+def test_target_portable_reports_ort_contrib_ops_and_ort_keeps_them(tmp_path, capsys):
+    src = tmp_path / "contrib.onnx"
+    onnx.save(_contrib_model(), src)
+    report_path = tmp_path / "r.json"
+    assert main([str(src), str(tmp_path / "o.onnx"), "--report", str(report_path)]) == 3
+    err = capsys.readouterr().err
+    assert "ONNX Runtime-only" in err and "--target ort" in err
+    assert json.loads(report_path.read_text())["target"] == "portable"
+    dst = tmp_path / "o_ort.onnx"
+    assert main([str(src), str(dst), "--target", "ort", "--report", str(report_path)]) == 0
+    assert json.loads(report_path.read_text())["target"] == "ort"
+    kept = onnx.load(dst)
+    assert [n.op_type for n in kept.graph.node] == ["FastGelu"]
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    (y,) = run_onnxruntime(kept, {"x": x})
+    assert y.shape == (2, 3)
+
+
+def test_unknown_target_is_exit_2_listing_the_accepted_values(tmp_path, capsys):
+    assert main(["in.onnx", "out.onnx", "--target", "tensorrt"]) == 2
+    err = capsys.readouterr().err
+    assert "portable" in err and "ort" in err
+    with pytest.raises(decomposer.DecomposerError, match="portable, ort"):
+        decomposer.decompose(_contrib_model(), target="gpu")
