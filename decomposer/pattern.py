@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
@@ -114,9 +114,14 @@ class Attr:
 
 
 class MatchContext(Protocol):
-    """What a pattern may ask the engine about the graph around a node."""
+    """What a pattern may ask the engine about the graph around a node.
+
+    ``opset`` is the model's default-domain opset (the replacement's); ``target`` is
+    ``"portable"`` or ``"ort"`` (see :mod:`decomposer.builder`).
+    """
 
     opset: int
+    target: str
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of tensor ``name`` if it is an initializer or Constant output."""
@@ -157,8 +162,14 @@ class MatchedNode:
         return list(self.proto.output)
 
 
-class Pattern:
+FactsT = TypeVar("FactsT")
+
+
+class Pattern(Generic[FactsT]):
     """Base class of every decomposition. Subclasses set the class attributes and methods.
+
+    ``Pattern[Facts]`` types what ``check`` returns and ``build`` receives (a NamedTuple or
+    dataclass of everything ``build`` needs); a plain ``Pattern`` subclass means ``Any``.
 
     - ``op_type``: the node's op_type in its native form.
     - ``domains``: accepted domains; ``None`` means any domain, including the default
@@ -213,15 +224,15 @@ class Pattern:
             raise Reject(f"expected {self.num_outputs} output(s), got {len(node.output)}")
         return {name: spec.parse(name, given.get(name)) for name, spec in self.attributes.items()}
 
-    def check(self, node: MatchedNode, ctx: MatchContext) -> Any:
+    def check(self, node: MatchedNode, ctx: MatchContext) -> FactsT:
         """Decide whether ``node`` can be rewritten; return facts for ``build`` or raise Reject."""
-        return None
+        return None  # type: ignore[return-value]  # a pattern with no facts
 
-    def build(self, b: Builder, node: MatchedNode, facts: Any) -> None:
+    def build(self, b: Builder, node: MatchedNode, facts: FactsT) -> None:
         """Emit standard nodes through ``b``; the last ones must write ``node.outputs``."""
         raise NotImplementedError
 
-    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Any
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: FactsT
                      ) -> list[OutputType] | None:
         """Optional: (ONNX element type, shape) of each output, or None if unknown.
 

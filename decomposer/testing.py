@@ -8,11 +8,17 @@ user-supplied ``oracle`` (for example a torch function). Any mismatch raises
 ``AssertionError`` naming the case, opset, input set and error. Returns one
 :class:`CaseResult` per (case, opset) so callers can assert more (op types, node counts).
 
+Comparison: shapes and dtypes must be equal; values must satisfy
+``|actual - expected| <= atol + rtol * |expected|``, with NaN equal to NaN (``equal_nan``) and,
+with ``signed_zeros=True``, the sign of every zero equal too. ``atol``/``rtol`` may be one
+number or a mapping from numpy dtype to number (the output's dtype picks), so one call can
+cover float16 and float64 cases; :data:`DEFAULT_ATOL` holds the defaults.
+
 Usage::
 
     from decomposer.testing import Case, check_pattern
-    check_pattern(MyPattern(), [Case([x], {"k": 1})], opsets=range(11, 21),
-                  oracle=lambda x, k: np.rot90(x, k, axes=(-2, -1)))
+    check_pattern(MyPattern(), [Case([x], {"alpha": 0.5})], opsets=range(11, 22),
+                  oracle=my_torch_function)
 """
 
 from __future__ import annotations
@@ -26,8 +32,14 @@ import onnx
 from onnx import helper
 
 from decomposer.api import decompose
+from decomposer.graphs import is_default_domain
 from decomposer.pattern import Pattern
 from decomposer.registry import Registry, default_registry
+
+# Per-dtype tolerances used when a test gives none: float16 carries ~3 decimal digits.
+DEFAULT_ATOL: dict[Any, float] = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-9}
+DEFAULT_RTOL: dict[Any, float] = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-9}
+Tolerance = float | Mapping[Any, float]
 
 
 @dataclass
@@ -110,7 +122,7 @@ def single_node_model(op_type: str, domain: str, case: Case, opset: int,
                       else case.output_rank)) for o in outputs],
         initializer=initializers)
     imports = [helper.make_opsetid("", opset)]
-    if domain not in ("", "ai.onnx"):
+    if not is_default_domain(domain):
         imports.append(helper.make_opsetid(domain, 1))
     return helper.make_model(graph, opset_imports=imports, ir_version=ir_version_for(opset),
                              producer_name="decomposer.testing")
@@ -133,19 +145,25 @@ def check_pattern(
     cases: Iterable[Case],
     opsets: Iterable[int] = range(11, 21),
     *,
-    domain: str = "custom.test",
+    domain: str | None = None,
     oracle: Callable[..., Any] | None = None,
-    atol: float = 1e-5,
-    rtol: float = 1e-5,
+    atol: Tolerance | None = None,
+    rtol: Tolerance | None = None,
+    equal_nan: bool = True,
+    signed_zeros: bool = False,
     registry: Registry | None = None,
+    target: str = "portable",
 ) -> list[CaseResult]:
     """Decompose single-node models of ``pattern``'s op and compare them on ORT.
 
     ``oracle(*inputs, **attrs)`` returns the expected output(s); the pattern's own
-    ``reference`` is always compared too. ``registry`` defaults to the default registry
-    plus ``pattern`` if it is not in it yet.
+    ``reference`` is always compared too. ``domain`` defaults to the first of the pattern's
+    ``domains`` (``"custom.test"`` for a pattern that accepts any domain). ``registry``
+    defaults to the default registry plus ``pattern`` if it is not in it yet.
     """
     registry = registry if registry is not None else _registry_with(pattern)
+    if domain is None:
+        domain = sorted(pattern.domains)[0] if pattern.domains else "custom.test"
     results: list[CaseResult] = []
     cases = list(cases)
     for opset in opsets:
@@ -153,8 +171,8 @@ def check_pattern(
             where = f"{pattern.name} case {case.label()} at opset {opset}"
             model = single_node_model(pattern.op_type, domain, case, opset,
                                       pattern.num_outputs)
-            out = decompose(model, registry=registry)
-            leftover = [n.op_type for n in out.graph.node if n.domain not in ("", "ai.onnx")]
+            out = decompose(model, registry=registry, target=target)
+            leftover = [n.op_type for n in out.graph.node if not is_default_domain(n.domain)]
             assert not leftover, f"{where}: custom nodes remain: {leftover}"
             onnx.checker.check_model(out, full_check=True)
             worst = 0.0
@@ -172,27 +190,78 @@ def check_pattern(
                 for label, expected_outputs in expectations:
                     for index, (actual, expected) in enumerate(zip(got, expected_outputs,
                                                                    strict=True)):
-                        expected = np.asarray(expected)
-                        assert actual.shape == expected.shape, (
-                            f"{where}, input set {set_index}, output {index}: shape "
-                            f"{actual.shape} != {label} {expected.shape}")
-                        assert actual.dtype == expected.dtype, (
-                            f"{where}, input set {set_index}, output {index}: dtype "
-                            f"{actual.dtype} != {label} {expected.dtype}")
-                        error = _max_abs_error(actual, expected)
-                        worst = max(worst, error)
-                        assert np.allclose(actual.astype(np.float64), expected.astype(np.float64),
-                                           atol=atol, rtol=rtol), (
-                            f"{where}, input set {set_index}, output {index}: max abs error "
-                            f"{error:.3g} vs {label} exceeds atol={atol}, rtol={rtol}")
+                        context = f"{where}, input set {set_index}, output {index} vs {label}"
+                        worst = max(worst, compare(actual, np.asarray(expected), context,
+                                                   atol=atol, rtol=rtol, equal_nan=equal_nan,
+                                                   signed_zeros=signed_zeros))
             results.append(CaseResult(case, opset, out, worst))
     return results
 
 
+def compare(actual: np.ndarray, expected: np.ndarray, context: str = "", *,
+            atol: Tolerance | None = None, rtol: Tolerance | None = None,
+            equal_nan: bool = True, signed_zeros: bool = False) -> float:
+    """Assert ``actual`` matches ``expected`` (see the module docstring); return the max abs
+    error over finite positions. The message says when NaN, infinities or the sign of a
+    zero are the cause."""
+    assert actual.shape == expected.shape, \
+        f"{context}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == expected.dtype, \
+        f"{context}: dtype {actual.dtype} != {expected.dtype}"
+    abs_tol = _tolerance(atol, DEFAULT_ATOL, expected.dtype)
+    rel_tol = _tolerance(rtol, DEFAULT_RTOL, expected.dtype)
+    error = _max_abs_error(actual, expected)
+    if not np.issubdtype(expected.dtype, np.inexact):
+        mismatches = int(np.count_nonzero(actual != expected))
+        assert mismatches == 0, (f"{context}: {mismatches} of {expected.size} values differ "
+                                 f"(max abs error {error:.3g})")
+        return error
+    a64, e64 = actual.astype(np.float64), expected.astype(np.float64)
+    nan_a, nan_e = np.isnan(a64), np.isnan(e64)
+    if equal_nan:
+        assert np.array_equal(nan_a, nan_e), (
+            f"{context}: NaN positions differ ({int(nan_a.sum())} NaN in actual, "
+            f"{int(nan_e.sum())} expected; first difference at "
+            f"{tuple(int(i) for i in np.argwhere(nan_a != nan_e)[0])})")
+    close = np.isclose(a64, e64, atol=abs_tol, rtol=rel_tol, equal_nan=equal_nan)
+    if not close.all():
+        bad = tuple(int(i) for i in np.argwhere(~close)[0])
+        cause = ""
+        if np.isnan(a64[bad]) or np.isnan(e64[bad]):
+            cause = " (NaN involved; pass equal_nan=True to count NaN == NaN)"
+        elif np.isinf(a64[bad]) or np.isinf(e64[bad]):
+            cause = " (an infinity involved)"
+        raise AssertionError(
+            f"{context}: {int((~close).sum())} of {expected.size} values outside "
+            f"atol={abs_tol:g} + rtol={rel_tol:g}*|expected|; first at {bad}: "
+            f"{a64[bad]!r} vs {e64[bad]!r}{cause}; max abs error {error:.3g}")
+    if signed_zeros:
+        zeros = (e64 == 0) & (a64 == 0)
+        wrong = zeros & (np.signbit(a64) != np.signbit(e64))
+        assert not wrong.any(), (
+            f"{context}: {int(wrong.sum())} zero(s) have the wrong sign; first at "
+            f"{tuple(int(i) for i in np.argwhere(wrong)[0])}")
+    return error
+
+
+def _tolerance(given: Tolerance | None, defaults: Mapping[Any, float], dtype: np.dtype
+               ) -> float:
+    table = defaults if given is None else given
+    if isinstance(table, Mapping):
+        for key, value in table.items():
+            if np.dtype(key) == dtype:
+                return float(value)
+        return float(defaults.get(dtype.type, 0.0)) if isinstance(defaults, Mapping) else 0.0
+    return float(table)
+
+
 def _max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
-    if actual.size == 0:
+    """Max |actual - expected| over positions where both are finite (0 if none)."""
+    a64, e64 = actual.astype(np.float64), expected.astype(np.float64)
+    finite = np.isfinite(a64) & np.isfinite(e64)
+    if not finite.any():
         return 0.0
-    return float(np.max(np.abs(actual.astype(np.float64) - expected.astype(np.float64))))
+    return float(np.max(np.abs(a64[finite] - e64[finite])))
 
 
 def _registry_with(pattern: Pattern) -> Registry:
