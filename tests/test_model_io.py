@@ -294,6 +294,9 @@ def test_over_2gib_of_external_weights(tmp_path):
     folder.mkdir()
     with open(folder / "big.bin", "wb") as handle:
         handle.truncate(size)
+    if (folder / "big.bin").stat().st_blocks * 512 >= size:
+        # Without sparse files this would really write 2.1 GiB (twice): not in a unit test.
+        pytest.skip("this file system has no sparse files")
     model = onnx.load(EXAMPLE)
     big = onnx.TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[size // 4])
     big.data_location = TensorProto.EXTERNAL
