@@ -18,6 +18,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from decomposer import __version__
 from decomposer.api import decompose_file
@@ -196,7 +197,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return EXIT_OK
 
 
-def _verify_options(args: argparse.Namespace) -> dict:
+def _verify_options(args: argparse.Namespace) -> dict[str, Any]:
     from decomposer.verification import load_npz, parse_input_shapes, parse_input_values
 
     def progress(line: str) -> None:
@@ -239,7 +240,7 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.abspath(a) == os.path.abspath(b)
 
 
-def _write_report(path: str, data: dict) -> None:
+def _write_report(path: str, data: dict[str, Any]) -> None:
     try:
         Path(path).write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     except OSError as exc:

@@ -8,6 +8,8 @@ command line never has to guess.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DecomposerError(Exception):
     """Root of every error decomposer raises. ``exit_code`` is what the CLI returns for it."""
@@ -30,7 +32,7 @@ class UnsupportedNodeError(DecomposerError):
 
     exit_code = 3
 
-    def __init__(self, message: str, nodes: list | None = None, report: object = None) -> None:
+    def __init__(self, message: str, nodes: list[Any] | None = None, report: object = None) -> None:
         super().__init__(message)
         self.nodes = list(nodes or [])
         self.report = report

@@ -61,7 +61,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise InvalidModelError(f"{source}: not an ONNX model (no ir_version or no graph)")
     for tensor in external_tensors(model):
         _check_external_reference(tensor, source.parent)
-    return model
+    return model  # type: ignore[no-any-return]
 
 
 def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:

@@ -16,6 +16,7 @@ import inspect
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import onnx
 
@@ -28,7 +29,7 @@ _ANY = "*"
 
 @dataclass(frozen=True)
 class Entry:
-    pattern: Pattern
+    pattern: Pattern[Any]
     source: str
 
 
@@ -38,8 +39,8 @@ class Registry:
         self._by_key: dict[tuple[str, str], Entry] = {}
         self.loaded_sources: set[str] = set()  # --patterns files/modules already loaded
 
-    def register(self, pattern: Pattern, *, source: str = "built-in",
-                 override: bool = False) -> Pattern:
+    def register(self, pattern: Pattern[Any], *, source: str = "built-in",
+                 override: bool = False) -> Pattern[Any]:
         if not isinstance(pattern, Pattern):
             raise PatternError(f"{pattern!r} is not a decomposer.Pattern instance")
         if not getattr(type(pattern), "op_type", None):
@@ -67,7 +68,7 @@ class Registry:
         self._entries.append(entry)
         return pattern
 
-    def lookup(self, node: onnx.NodeProto) -> tuple[Pattern, str] | None:
+    def lookup(self, node: onnx.NodeProto) -> tuple[Pattern[Any], str] | None:
         """(pattern, form) for ``node``, or None when no pattern answers for it."""
         domain = norm_domain(node.domain)
         entry = self._by_key.get((domain, node.op_type)) or self._by_key.get((_ANY, node.op_type))
@@ -96,7 +97,7 @@ class Registry:
         return clone
 
 
-def _same_definition(a: Pattern, b: Pattern) -> bool:
+def _same_definition(a: Pattern[Any], b: Pattern[Any]) -> bool:
     """Whether two pattern instances come from two imports of one class definition (the
     same qualified name in the same file). One class registered twice is a duplicate."""
     ta, tb = type(a), type(b)
@@ -115,7 +116,7 @@ def _aten_operator(node: onnx.NodeProto) -> str | None:
     if node.op_type == "ATen":
         for attr in node.attribute:
             if attr.name == "operator":
-                return attr.s.decode("utf-8", errors="replace")
+                return str(attr.s.decode("utf-8", errors="replace"))
         return None
     if node.domain == ATEN_DOMAIN:
         return node.op_type

@@ -137,11 +137,12 @@ def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> 
     options.log_severity_level = 3
     session = ort.InferenceSession(model.SerializeToString(), options,
                                    providers=["CPUExecutionProvider"])
-    return session.run(None, dict(feeds))
+    outputs: list[np.ndarray] = session.run(None, dict(feeds))
+    return outputs
 
 
 def check_pattern(
-    pattern: Pattern,
+    pattern: Pattern[Any],
     cases: Iterable[Case],
     opsets: Iterable[int] = range(11, 21),
     *,
@@ -264,7 +265,7 @@ def _max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.max(np.abs(a64[finite] - e64[finite])))
 
 
-def _registry_with(pattern: Pattern) -> Registry:
+def _registry_with(pattern: Pattern[Any]) -> Registry:
     registry = default_registry()
     if any(entry.pattern is pattern for entry in registry):
         return registry
