@@ -217,3 +217,12 @@ def test_same_pattern_class_imported_under_two_names_is_not_a_clash(tmp_path, mo
 
     with pytest.raises(decomposer.PatternError, match=r"override=True \(command line"):
         decomposer.register(Other, registry=registry)
+
+
+def test_guide_api_reference_matches_the_code():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from api_reference import reference
+
+    text = (ROOT / "docs" / "writing-a-pattern.md").read_text()
+    assert reference() in text, ("docs/writing-a-pattern.md's API reference is stale: "
+                                 "regenerate it with python scripts/api_reference.py")

@@ -16,7 +16,6 @@ import numpy as np
 from onnx import TensorProto
 
 import decomposer
-from decomposer.builder import numpy_dtype
 
 _FLOATS = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -36,12 +35,9 @@ class SquarePlus(decomposer.Pattern):
         return elem_type
 
     def build(self, b, node, elem_type):
-        dtype = numpy_dtype(elem_type)
-        x = node.inputs[0]
-        squared = b.op("Mul", x, x, hint="square")
-        root = b.op("Sqrt", b.op("Add", squared, b.const(node.attrs["b"], dtype, hint="b")))
-        total = b.op("Add", x, root, hint="sum")
-        b.op("Mul", total, b.const(0.5, dtype, hint="half"), out=node.outputs[0])
+        x = b.input(node.inputs[0], elem_type)  # a Value: x's name, knowing its dtype
+        root = b.Sqrt(x * x + node.attrs["b"])  # numbers become constants of x's dtype
+        b.Mul(x + root, 0.5, out=node.outputs[0])
 
     def reference(self, x, b=4.0):
         return [((x + np.sqrt(x * x + np.asarray(b, x.dtype))) / 2).astype(x.dtype)]
