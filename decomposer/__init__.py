@@ -1,7 +1,7 @@
 """decomposer: rewrite custom ONNX nodes into standard ONNX ops, so stock runtimes run them.
 
-In: an exported ``.onnx`` model holding opaque nodes such as ``custom.ops::AffineGrid`` or
-torch's ``org.pytorch.aten`` fallbacks. Out: an equivalent model of standard ONNX ops at the
+In: an exported ``.onnx`` model holding opaque nodes (custom-domain ops emitted by a
+``symbolic()``, or torch's ``org.pytorch.aten`` fallbacks). Out: an equivalent model of standard ONNX ops at the
 model's own opset.
 
 Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_file`,
