@@ -52,7 +52,8 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     if not data:
         raise InvalidModelError(f"{source}: file is empty")
     try:
-        model = onnx.ModelProto.FromString(data)
+        model = onnx.ModelProto()
+        model.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as exc:
         detail = str(exc).splitlines()[0] if str(exc) else "truncated or corrupt"
         raise InvalidModelError(f"{source}: not an ONNX model (protobuf parse failed: "
@@ -61,7 +62,7 @@ def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
         raise InvalidModelError(f"{source}: not an ONNX model (no ir_version or no graph)")
     for tensor in external_tensors(model):
         _check_external_reference(tensor, source.parent)
-    return model  # type: ignore[no-any-return]
+    return model
 
 
 def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:

@@ -12,9 +12,10 @@ Registering two patterns under one key is an error unless ``override=True``.
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,9 +130,12 @@ _default: Registry | None = None
 def build_registry(*, entry_points: bool = True, override: bool = False) -> Registry:
     """A new registry: the built-in patterns, then installed ``decomposer.patterns`` entry
     points (a clash with a built-in is an error unless ``override``)."""
-    from decomposer.patterns import builtin_patterns
     from decomposer.plugins import load_entry_points
 
+    # Imported by name: `patterns/` installs as decomposer.patterns through a package-dir
+    # mapping that type checkers cannot follow, so its one entry point is typed here.
+    builtin_patterns: Callable[[], list[Pattern[Any]]] = importlib.import_module(
+        "decomposer.patterns").builtin_patterns
     registry = Registry()
     for pattern in builtin_patterns():
         registry.register(pattern, source="built-in")
