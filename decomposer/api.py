@@ -76,8 +76,10 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
 
         # Verify before writing, so unusable feeds fail with nothing written; a mismatch
         # is raised only after the output is on disk (it is kept for inspection).
-        report.verification = run_verification(model, out, registry=registry,
-                                                **dict(verify_options or {}))
+        # External weights are read from src's folder (base_dir), never loaded here.
+        report.verification = run_verification(
+            model, out, registry=registry,
+            **{"base_dir": Path(src).parent, **dict(verify_options or {})})
     if not report.dry_run:
         save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]
     if report.verification is not None:
@@ -91,7 +93,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     return report
 
 
-def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool = False,
+def register(pattern: Pattern[Any] | type[Pattern[Any]] | None = None, *, override: bool = False,
              registry: Registry | None = None, source: str | None = None) -> Any:
     """Register a pattern instance or class with the default registry.
 
@@ -100,7 +102,7 @@ def register(pattern: Pattern | type[Pattern] | None = None, *, override: bool =
     (domain, op_type) raises :class:`PatternError` unless ``override=True``.
     """
 
-    def apply(target: Pattern | type[Pattern]) -> Any:
+    def apply(target: Pattern[Any] | type[Pattern[Any]]) -> Any:
         instance = target() if isinstance(target, type) else target
         loading = current_target()  # inside --patterns / entry-point import: attribute to it
         if loading is not None and registry is None:

@@ -8,7 +8,7 @@ alone: nothing here knows any op by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import onnx
 from onnx import AttributeProto
@@ -32,11 +32,16 @@ def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
                 yield f"{attr.name}[{index}]", graph
 
 
-def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
+def walk_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """The given nodes and every node nested in their graph attributes, depth first."""
+    for node in nodes:
         yield node
         for _, sub in subgraphs(node):
-            yield from all_nodes(sub)
+            yield from walk_nodes(sub.node)
+
+
+def all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
+    return walk_nodes(graph.node)
 
 
 def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
@@ -93,10 +98,7 @@ def is_default_domain(domain: str) -> bool:
 
 def function_nodes(function: onnx.FunctionProto) -> Iterator[onnx.NodeProto]:
     """Every node of a function body, at any depth."""
-    for node in function.node:
-        yield node
-        for _, sub in subgraphs(node):
-            yield from all_nodes(sub)
+    return walk_nodes(function.node)
 
 
 def function_subgraphs(function: onnx.FunctionProto) -> Iterator[onnx.GraphProto]:

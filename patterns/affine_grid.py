@@ -13,19 +13,28 @@ Semantics are exactly ``torch.nn.functional.affine_grid``:
 A spatial size of 1 gives coordinate 0, as in torch (ONNX's own AffineGrid-20 and ONNX
 Runtime's kernel give -1 there when align_corners=1).
 
-Before -> after::
+Before -> after (a, b, e, t: theta's columns for x, y, z and the translation, each
+Unsqueezed to the grid's rank; every broadcast is between operands of that full rank)::
 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
-                                 G = [[0,1,0] per w], [[x_w, 0, 1] per w]      # (2, W, 3)
-                                 R = G @ theta^T                               # (N, 2, W, 2)
-      2-D float32:               grid = Conv1x1(R, weight=[y_h, 1])            # (N, H, W, 2)
-      2-D float64:               grid = Reshape([y_h, 1] @ Reshape(R), [N, H, W, 2])
-      3-D:                       grid = z_d * R_z + (y_h * R_y + R_c)          # broadcast
+                                 R_c = x * a + t;  R_y, (R_z) = Expand(b, (e))  # (N, 1, (1,) W, k)
+      2-D (portable):            grid = Reshape((y, 1) @ Reshape([R_y; R_c]), [N, H, W, 2])
+      2-D float32, target ort:   grid = Conv1x1([R_y; R_c], weight=(y_h, 1))   # (N, H, W, 2)
+      3-D:                       grid = z * R_z + (y * R_y + R_c)              # broadcast Add
 
 ``coords(n) = Range(1-n, n, 2) / den`` with ``den = n`` (align_corners=0) or
-``max(n-1, 1)`` (align_corners=1). Everything before the last op is small (sizes, not
-grids); the last op alone writes the output, in its final layout, which is what makes
-this form as fast as ONNX Runtime's native kernel (see the README's benchmark table).
+``max(n-1, 1)`` (align_corners=1). Everything before the last op (two ops in the 2-D
+portable form: MatMul, then a Reshape that is free unless the grid is a graph output) is
+small (sizes, not grids), which is what makes this form about as fast as ONNX Runtime's
+native kernel (see the README's benchmark table).
+
+Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
+onnx2torch and onnx2tf run (docs/portability.md). Under ``--target ort`` the 2-D float32
+grid is written by a 1x1 Conv whose weight is computed at run time (no Reshape copy when
+the grid is a graph output: measured 2x faster on ONNX Runtime there); when ``size`` is not
+fed at run time that weight is kept from being constant-folded (an empty slice of R is
+concatenated to it), since a constant weight makes ONNX Runtime's NCHWc layout pass wrap
+the Conv in reorders (measured 3x slower). Neither construct is portable.
 
 Envelope: opsets 11+, theta float16/32/64 (float16 is computed in float32 and rounded
 once at the end), batch and every spatial size dynamic. 2-D vs 3-D is read from theta's
@@ -40,7 +49,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
 
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
@@ -89,94 +98,81 @@ class AffineGrid(Pattern):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         k = facts.spatial_rank
-        theta, size = node.inputs[0], node.inputs[1]
         # Range has no float16 kernel in ONNX Runtime: compute in float32, round once.
         compute_type = TensorProto.FLOAT if facts.theta_type == TensorProto.FLOAT16 \
             else facts.theta_type
-        dtype = numpy_dtype(compute_type)
+        theta = b.input(node.inputs[0], facts.theta_type)
         if compute_type != facts.theta_type:
-            theta = b.cast(theta, compute_type, hint="theta_f32")
-        size_f = b.cast(size, compute_type, hint="size_f")  # [N, C, (D,) H, W]
-        one = b.const(1, dtype, hint="one")
-        two = b.const(2, dtype, hint="two")
+            theta = b.Cast(theta, compute_type, hint="theta_f32")
+        size_f = b.Cast(node.inputs[1], compute_type, hint="size_f")  # [N, C, (D,) H, W]
 
-        def coords(axis: int, label: str) -> str:
-            """Normalized coordinates along size[axis], shape (n,)."""
-            n = b.op("Gather", size_f, b.ints(axis, f"{label}_axis"), axis=0, hint=f"{label}_n")
-            steps = b.op("Range", b.op("Sub", one, n, hint=f"{label}_start"), n, two,
-                         hint=f"{label}_steps")  # 1-n, 3-n, ..., n-1
-            den = n
-            if facts.align_corners:
-                den = b.op("Max", b.op("Sub", n, one, hint=f"{label}_n_minus_1"), one,
-                           hint=f"{label}_den")
-            return b.op("Div", steps, den, hint=label)
+        def coords(axis: int, label: str) -> Value:
+            """Normalized coordinates along size[axis], shape (n,): (1-n, 3-n, ..., n-1)/den."""
+            n = b.Gather(size_f, axis, hint=f"{label}_n")
+            steps = b.Range(1 - n, n, 2, hint=f"{label}_steps")
+            den = b.Max(n - 1, 1, hint=f"{label}_den") if facts.align_corners else n
+            return b.Div(steps, den, hint=label)
 
-        x = coords(k + 1, "x")  # along W
-        # R[n, r, w, c] = sum_j G[r, w, j] * theta[n, c, j]; rows r are the coefficient of
-        # z (3-D), of y, then the constant row x_w * theta[n, c, 0] + theta[n, c, k].
-        # In 3-D, G and R carry one more unit axis, so R comes out as (N, 3, 1, W, 3),
-        # ready to broadcast against (D, H) without another Unsqueeze.
-        scale_rows, offset_rows = _selector_rows(k, dtype)
-        x_axes, theta_axes = ([0, 2], [1]) if k == 2 else ([0, 1, 3], [1, 2])
-        g = b.op("Add",
-                 b.op("Mul", b.unsqueeze(x, x_axes, hint="x_row"),
-                      b.const(scale_rows, hint="G_scale"), hint="G_x"),
-                 b.const(offset_rows, hint="G_offset"), hint="G")  # (k, (1,) W, k+1)
-        theta_t = b.unsqueeze(b.op("Transpose", theta, perm=[0, 2, 1], hint="theta_T"),
-                              theta_axes, hint="theta_T_b")  # (N, 1, (1,) k+1, k)
-        rows = b.op("MatMul", g, theta_t, hint="R_rows")  # (N, k, (1,) W, k)
+        def spread(v: Value, axis: int, label: str) -> Value:
+            """v (n,) Unsqueezed to the grid's rank k+2, its values along ``axis``."""
+            return b.Unsqueeze(v, [a for a in range(k + 2) if a != axis], hint=label)
 
+        # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
+        theta_rows = b.Unsqueeze(b.Transpose(theta, [0, 2, 1], hint="theta_T"),
+                                 list(range(2, k + 1)), hint="theta_T_rows")
+        x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1, hint="theta_col")
+        z_coef = rest[0] if k == 3 else None
+        offset = rest[-1]
+        # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the grid
+        # that varies along W; the y (and z) coefficients are spread to the same shape so the
+        # final broadcast reads whole (W, k) rows, not k-element pieces.
+        r_c = spread(coords(k + 1, "x"), k, "x_b") * x_coef + offset
+        r_c_shape = b.Shape(r_c, hint="R_shape")
+        r_y = b.Expand(y_coef, r_c_shape, hint="R_y")
+        y = coords(k, "y")
         final = node.outputs[0] if compute_type == facts.theta_type else None
         if k == 3:
-            grid = self._add_form_3d(b, rows, coords(3, "y"), coords(2, "z"), final)
-        elif compute_type == TensorProto.FLOAT:
-            grid = self._conv_form_2d(b, rows, coords(2, "y"), dtype, final,
-                                      keep_dynamic=not facts.size_is_fed)
-        else:  # ONNX Runtime has no float64 Conv kernel
-            grid = self._matmul_form_2d(b, rows, coords(2, "y"), dtype, final)
+            assert z_coef is not None
+            r_z = b.Expand(z_coef, r_c_shape, hint="R_z")
+            z_term = spread(coords(2, "z"), 1, "z_b") * r_z  # (N, D, 1, W, 3)
+            yc_term = b.Add(spread(y, 2, "y_b") * r_y, r_c, hint="grid_yc")  # (N, 1, H, W, 3)
+            grid = b.Add(z_term, yc_term, hint="grid", out=final)
+        else:
+            rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
+            if b.target == "ort" and compute_type == TensorProto.FLOAT:
+                grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
+            else:
+                grid = self._matmul_form_2d(b, rows, y, final)
         if final is None:
-            b.cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
+            b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
 
     @staticmethod
-    def _conv_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None,
-                      keep_dynamic: bool) -> str:
-        """grid = Conv1x1(R, weight=(y_h, 1)): the same small-K GEMM as L @ R, but a 1x1 Conv
-        with L as its (H, 2, 1, 1) weight writes (N, H, W, 2) directly: one output-sized
-        pass and no Reshape (which ONNX Runtime copies when the grid is a graph output)."""
-        weight = b.pad(b.unsqueeze(y, [1, 2, 3], hint="y4"), [0, 0, 0, 0, 0, 1, 0, 0], 1,
-                       dtype, hint="L_weight")  # (H, 2, 1, 1): (y_h, 1)
+    def _matmul_form_2d(b: Builder, rows: Value, y: Value, out: str | None) -> Value:
+        """grid = Reshape((y_h, 1) @ Reshape(R)): one output-sized MatMul with K = 2; the
+        Reshape is free unless the grid is a graph output (then ONNX Runtime copies it)."""
+        left = b.Unsqueeze(b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1,
+                                 hint="L_2d"), [0], hint="L")  # (1, H, 2): (y_h, 1)
+        right = b.Reshape(rows, [0, 2, -1], hint="R_flat")  # (N, 2, W*2)
+        flat = b.MatMul(left, right, hint="grid_flat")  # (N, H, W*2)
+        return b.Reshape(flat, [0, 0, -1, 2], hint="grid", out=out)
+
+    @staticmethod
+    def _conv_form_2d(b: Builder, rows: Value, y: Value, out: str | None,
+                      keep_dynamic: bool) -> Value:
+        """ONNX Runtime only (target ort): grid = Conv1x1(R, weight=(y_h, 1)), the same
+        K = 2 GEMM as L @ R, written straight into (N, H, W, 2) with no Reshape copy. Not
+        portable: OpenVINO, onnx2torch and onnx2tf need constant-shaped or constant weights."""
+        weight = b.Pad(b.Unsqueeze(y, [1, 2, 3], hint="y4"), [0, 0, 0, 0, 0, 1, 0, 0], 1,
+                       hint="L_weight")  # (H, 2, 1, 1): (y_h, 1)
         if keep_dynamic:
             # Unless `size` is fed at run time it may be folded to a constant, and with it
             # this weight; a constant weight makes ONNX Runtime's NCHWc layout pass wrap the
             # Conv in reorders, measured 3x slower (2-D, N=8, 512x512). Concatenating an
             # empty slice of R (which depends on theta) keeps the values but not constness.
-            nothing = b.slice(rows, [0, 0, 0], [0, 1, 1], [0, 2, 3],
+            nothing = b.Slice(rows, [0, 0, 0], [0, 1, 1], [0, 2, 3],
                               hint="R_none")  # (0, 2, 1, 1)
-            weight = b.op("Concat", weight, nothing, axis=0, hint="L_weight_dynamic")
-        return b.op("Conv", rows, weight, hint="grid", out=out)  # rows: (N, 2, W, 2)
-
-    @staticmethod
-    def _matmul_form_2d(b: Builder, rows: str, y: str, dtype: np.dtype, out: str | None
-                        ) -> str:
-        """grid = Reshape(L @ R), for float64 (no Conv kernel): one output-sized MatMul,
-        plus a copy when the grid is a graph output."""
-        left = b.pad(b.unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, dtype,
-                     hint="L")  # (H, 2): (y_h, 1)
-        right = b.op("Reshape", rows, b.ints([0, 0, -1], "R_shape"), hint="R")  # (N, 2, W*2)
-        flat = b.op("MatMul", left, right, hint="grid_flat")  # (N, H, W*2)
-        return b.op("Reshape", flat, b.ints([0, 0, -1, 2], "grid_shape"), hint="grid", out=out)
-
-    @staticmethod
-    def _add_form_3d(b: Builder, rows: str, y: str, z: str, out: str | None) -> str:
-        """grid = (z_d * R_z) + (y_h * R_y + R_c): the two terms are small, (N, D, 1, W, 3)
-        and (N, 1, H, W, 3); their broadcast Add is the only output-sized pass."""
-        r_z, r_y, r_c = b.split(rows, [1, 1, 1], axis=1, hint="R_split")  # (N, 1, 1, W, 3)
-        z5 = b.unsqueeze(z, [0, 2, 3, 4], hint="z5")  # (1, D, 1, 1, 1)
-        y5 = b.unsqueeze(y, [0, 1, 3, 4], hint="y5")  # (1, 1, H, 1, 1)
-        z_term = b.op("Mul", z5, r_z, hint="grid_z")  # (N, D, 1, W, 3)
-        yc_term = b.op("Add", b.op("Mul", y5, r_y, hint="grid_y"), r_c,
-                       hint="grid_yc")  # (N, 1, H, W, 3)
-        return b.op("Add", z_term, yc_term, hint="grid", out=out)
+            weight = b.Concat(weight, nothing, axis=0, hint="L_weight_dynamic")
+        return b.op("Conv", rows, weight, hint="grid", out=out, dtype=rows.dtype)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
@@ -191,19 +187,6 @@ class AffineGrid(Pattern):
         align = np.asarray(inputs[2]).reshape(()).item() if len(inputs) > 2 \
             else attrs.get("align_corners", 0)
         return [affine_grid_reference(theta, size, int(align))]
-
-
-def _selector_rows(k: int, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """G = x * scale + offset, shapes (k, 1, k+1) in 2-D and (k, 1, 1, k+1) in 3-D: which
-    theta column each row of R takes."""
-    shape = (k, *([1] * (k - 1)), k + 1)
-    scale = np.zeros(shape, dtype=dtype)
-    offset = np.zeros(shape, dtype=dtype)
-    for row in range(k - 1):  # rows for z (3-D) and y: theta columns k-1 ... 1
-        offset[row, ..., k - 1 - row] = 1
-    scale[k - 1, ..., 0] = 1  # x coefficient
-    offset[k - 1, ..., k] = 1  # translation
-    return scale, offset
 
 
 def _spatial_rank(theta: str, size: str, ctx: MatchContext) -> int:
