@@ -30,6 +30,7 @@ get a copy with the weights loaded.
 
 from __future__ import annotations
 
+import importlib
 import re
 import threading
 import time
@@ -54,7 +55,7 @@ from decomposer.feeds import (
     parse_input_values,
 )
 from decomposer.graphs import OpClassifier, all_nodes, opset_map, subgraphs
-from decomposer.pattern import Pattern
+from decomposer.pattern import Pattern, Reject
 from decomposer.registry import Registry, default_registry
 
 REFERENCE_DOMAIN = "decomposer.reference"
@@ -105,16 +106,19 @@ class TensorCheck:
                 f"{list(self.shape)}: {self._criterion()}{note}")
 
     def _criterion(self) -> str:
-        if not np.isfinite(self.max_abs_error) and self.max_abs_error != 0:
-            return "differs"
+        """The allclose criterion in words: how much of ``atol + rtol * |expected|`` the worst
+        element used (a max relative error alone would read like a failure near zero)."""
         tolerance = f"atol {self.atol:g} + rtol {self.rtol:g} * |expected|"
         if self.passed:
             return (f"within tolerance: max abs {self.max_abs_error:.3g}, worst element uses "
                     f"{100 * self.tolerance_used:.3g}% of {tolerance}")
         at = f" at {list(self.worst_index)}" if self.worst_index else ""
-        factor = "an exact match is required" if not np.isfinite(self.tolerance_used) \
-            else f"{self.tolerance_used:.3g}x"
-        return f"max abs {self.max_abs_error:.3g}{at}: {factor} {tolerance}"
+        if not np.isfinite(self.max_abs_error):
+            return f"differs{at}"
+        if not np.isfinite(self.tolerance_used):
+            return f"max abs {self.max_abs_error:.3g}{at}: above a zero tolerance ({tolerance})"
+        return (f"max abs {self.max_abs_error:.3g}{at}: {self.tolerance_used:.3g}x its "
+                f"tolerance {tolerance}")
 
 
 @dataclass
@@ -158,22 +162,28 @@ class VerifyReport:
                          f"{f'at node {c.node!r} ({c.pattern})' if c.node else 'the model'})"
                          for c in failed if c.kind == "engine"})
         engines = f"; engine(s) that cannot run it: {', '.join(broken)}" if broken else ""
-        return (f"VERIFICATION FAILED: {len(failed)} of {len(self.checks)} check(s) differ"
+        return (f"VERIFICATION FAILED: {len(failed)} of {len(self.checks)} check(s) failed"
                 f"{blame}{engines}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "runs": self.runs, "mode": self.mode,
                 "replaced_nodes": self.replaced_nodes,
                 "engines": list(self.engines), "notes": list(self.notes),
-                "checks": [{**asdict(c), "shape": list(c.shape),
-                            "worst_index": list(c.worst_index)} for c in self.checks]}
+                "checks": [{**{k: _json_number(v) for k, v in asdict(c).items()},
+                            "shape": list(c.shape), "worst_index": list(c.worst_index)}
+                           for c in self.checks]}
+
+
+def _json_number(value: Any) -> Any:
+    """Infinities (an engine failure, a shape mismatch) become null: JSON has no inf."""
+    return None if isinstance(value, float) and not np.isfinite(value) else value
 
 
 # -- comparison -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class _Comparison:
+class Comparison:
     max_abs: float
     max_rel: float
     tolerance_used: float
@@ -182,19 +192,19 @@ class _Comparison:
     worst_index: tuple[int, ...] = ()
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> _Comparison:
+def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> Comparison:
     """numpy's ``allclose(actual, expected, atol, rtol, equal_nan=True)`` with the numbers
     behind it, in chunks (no full-size float64 copies of big tensors)."""
     actual, expected = np.asarray(actual), np.asarray(expected)
     if actual.shape != expected.shape:
-        return _Comparison(np.inf, np.inf, np.inf, False,
+        return Comparison(np.inf, np.inf, np.inf, False,
                            f"shape {list(actual.shape)} != expected {list(expected.shape)}")
     if actual.size == 0:
-        return _Comparison(0.0, 0.0, 0.0, True)
+        return Comparison(0.0, 0.0, 0.0, True)
     if not (np.issubdtype(actual.dtype, np.number) and np.issubdtype(expected.dtype, np.number)):
         same = bool(np.array_equal(actual, expected))
-        return _Comparison(0.0, 0.0, 0.0, True) if same else \
-            _Comparison(np.inf, np.inf, np.inf, False, "values differ")
+        return Comparison(0.0, 0.0, 0.0, True) if same else \
+            Comparison(np.inf, np.inf, np.inf, False, "values differ")
     flat_actual, flat_expected = actual.reshape(-1), expected.reshape(-1)
     max_abs = max_rel = used = 0.0
     worst_at = 0
@@ -222,10 +232,10 @@ def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) 
         max_rel = max(max_rel, float(rel.max()))
     if nan_at is not None:
         index = tuple(int(i) for i in np.unravel_index(nan_at, actual.shape))
-        return _Comparison(max_abs, max_rel, used, False, f"NaN positions differ (first at "
+        return Comparison(max_abs, max_rel, used, False, f"NaN positions differ (first at "
                                                           f"{list(index)})", index)
     index = tuple(int(i) for i in np.unravel_index(worst_at, actual.shape))
-    return _Comparison(max_abs, max_rel, used, used <= 1.0, "", index if used > 0 else ())
+    return Comparison(max_abs, max_rel, used, used <= 1.0, "", index if used > 0 else ())
 
 
 # -- progress ---------------------------------------------------------------------------------
@@ -290,7 +300,7 @@ def _with_weights(model: onnx.ModelProto, base_dir: Path | None) -> onnx.ModelPr
 
 class _EngineSession:
     """One model on one engine. ONNX Runtime keeps one session for every run and reads
-    external weights from ``base_dir`` itself; other engines get the weights loaded."""
+    external weights from ``base_dir`` itself; other engines get the weights loaded once."""
 
     def __init__(self, engine: str, model: onnx.ModelProto, base_dir: Path | None) -> None:
         self.engine = engine
@@ -298,17 +308,20 @@ class _EngineSession:
         self.base_dir = base_dir
         self.output_names = [value.name for value in model.graph.output]
         self._session: Any = None
+        self._loaded: onnx.ModelProto | None = None
 
     def run(self, feeds: Mapping[str, np.ndarray], wanted: Sequence[str]
             ) -> dict[str, np.ndarray]:
         if self.engine != "ort":
-            arrays = engine_registry.run_model(
-                self.engine, _with_weights(self.model, self.base_dir), feeds)
+            if self._loaded is None:
+                self._loaded = _with_weights(self.model, self.base_dir)
+            arrays = engine_registry.run_model(self.engine, self._loaded, feeds)
             return dict(zip(self.output_names, arrays, strict=False))
+        available = set(self.output_names)
+        names = [name for name in wanted if name in available]
         try:
             if self._session is None:
                 self._session = self._ort_session()
-            names = [name for name in wanted if name in set(self.output_names)]
             fed = {i.name for i in self._session.get_inputs()}
             arrays = self._session.run(names, {k: v for k, v in feeds.items() if k in fed})
         except Exception as exc:
@@ -321,6 +334,12 @@ class _EngineSession:
 
         options = ort.SessionOptions()
         options.log_severity_level = 4  # errors come back as exceptions, reported once
+        # Several runs hand back large outputs: with the arena and memory patterns on, the
+        # second run's buffers pile onto the first's (seed STN at 512^2: 366 MiB peak for
+        # two runs against 233 MiB with both off); off, each run costs ~0.1-0.3 s more in
+        # fresh page faults there, well inside the time budget (scripts/bench_verify.py).
+        options.enable_cpu_mem_arena = False
+        options.enable_mem_pattern = False
         if self.base_dir is not None and _has_external_data(self.model):
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", str(self.base_dir))
@@ -391,7 +410,7 @@ def _engine_failure(error: EngineRunError, engine: str, run: int,
 # -- the original on the reference evaluator (the full route) ---------------------------------
 
 
-def _reference_op(class_name: str, pattern: Pattern, attrs: dict[str, Any]) -> type:
+def _reference_op(class_name: str, pattern: Pattern[Any], attrs: dict[str, Any]) -> type:
     from onnx.reference.op_run import OpRun
 
     def _run(self: Any, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -409,8 +428,10 @@ class _ReferenceRun:
                  base_dir: Path | None) -> None:
         from onnx.reference import ReferenceEvaluator
 
-        from decomposer.reference_shims import reference_kernel_fixes
-
+        # Imported by name, as the registry imports decomposer.patterns (a package-dir
+        # remap mypy cannot follow); the shims live there because they name ops.
+        shims = importlib.import_module("decomposer.patterns._reference_shims")
+        reference_kernel_fixes: Callable[[], list[type]] = shims.reference_kernel_fixes
         scratch = onnx.ModelProto()
         scratch.CopyFrom(_with_weights(original, base_dir))
         ops, self.produced_by = _map_custom_nodes(scratch, registry)
@@ -455,7 +476,11 @@ def _map_custom_nodes(scratch: onnx.ModelProto, registry: Registry
                     f"cannot verify: node '{node.name}' ({node.domain}::{node.op_type}) has "
                     f"no pattern, so there is no reference for it")
             pattern, form = found
-            attrs = pattern.match_attributes(node, form)
+            try:
+                attrs = pattern.match_attributes(node, form)
+            except Reject as why:
+                raise InvalidModelError(f"cannot verify: node '{node.name}' "
+                                        f"({node.domain}::{node.op_type}): {why}") from why
             class_name = f"Ref{len(ops)}_{re.sub(r'[^0-9A-Za-z_]', '_', pattern.name)}"
             ops.append(_reference_op(class_name, pattern, attrs))
             if in_main_graph:
@@ -565,13 +590,14 @@ class _Job:
         self.expected = expected
         self.graph_outputs = [value.name for value in decomposed.graph.output]
         self._reference: _ReferenceRun | None = None
+        self.exposed: set[int] = set()  # ids of replaced nodes exposed in a successful run
 
     def reference(self) -> _ReferenceRun:
         if self._reference is None:
             self._reference = _ReferenceRun(self.original, self.registry, self.base_dir)
         return self._reference
 
-    def row(self, tensor: str, kind: str, run: int, engine: str, result: _Comparison,
+    def row(self, tensor: str, kind: str, run: int, engine: str, result: Comparison,
             shape: tuple[int, ...], node: ReplacedNode | tuple[str, str] | None = None,
             context: str = "") -> None:
         if isinstance(node, ReplacedNode):
@@ -586,9 +612,13 @@ class _Job:
                               want: Mapping[str, np.ndarray], kind: str, run: int,
                               engine: str, note: str = "") -> None:
         for name, array in want.items():
+            if name not in got:
+                self.row(name, kind, run, engine, Comparison(
+                    np.inf, np.inf, np.inf, False, "the engine returned no such output"), ())
+                continue
             result = compare(got[name], array, self.atol, self.rtol)
             if note:
-                result = _Comparison(result.max_abs, result.max_rel, result.tolerance_used,
+                result = Comparison(result.max_abs, result.max_rel, result.tolerance_used,
                                      result.passed, "; ".join(filter(None, [result.note, note])),
                                      result.worst_index)
             self.row(name, kind, run, engine, result, tuple(np.shape(got[name])))
@@ -613,7 +643,7 @@ class _Job:
                                                        ran)
                 if fetched is None:
                     continue
-                if engine == "ort" and complete:
+                if engine == "ort" and complete and len(engines) > 1:
                     baseline = {name: fetched[name] for name in self.graph_outputs}
                 if self.expected is not None:
                     self.compare_graph_outputs(fetched, self.expected, "expected", run, engine)
@@ -621,9 +651,11 @@ class _Job:
                     baseline = self._graph_outputs_fallback(fetched, feed, run, engine,
                                                             baseline, runners["ort"],
                                                             replaced, ran)
-        tapped = {id(tap.replaced) for tap in variants[0].taps}
+                # Drop this run's tensors before the next run allocates its own: ONNX
+                # Runtime hands back its output buffers, so holding them grows its arena.
+                del fetched
         for item in replaced:
-            if id(item) in tapped and id(item) not in ran:
+            if id(item) in self.exposed and id(item) not in ran:
                 self.report.notes.append(f"node {item.describe()} did not run in any run "
                                          f"(If branch not taken, or no iteration); not "
                                          f"verified")
@@ -658,6 +690,7 @@ class _Job:
             return None, False
         fetched = {**feed, **fetched}
         for tap in variant.taps:
+            self.exposed.add(id(tap.replaced))
             if self._check_node(tap, fetched, run, runner.engine):
                 ran.add(id(tap.replaced))
         return fetched, len(variant.taps) == len(replaced)
@@ -668,7 +701,7 @@ class _Job:
         one row per output and call path (the worst iteration). False if it never ran."""
         item = tap.replaced
         positions = {name: i for i, name in enumerate(item.node.output) if name}
-        worst: dict[tuple[str, str], tuple[_Comparison, tuple[int, ...], str]] = {}
+        worst: dict[tuple[str, str], tuple[Comparison, tuple[int, ...], str]] = {}
         counts: dict[str, int] = {}
         for execution in executions(tap, fetched):
             counts[execution.path] = counts.get(execution.path, 0) + 1
@@ -678,7 +711,7 @@ class _Job:
                                                    **item.attrs))
             except Exception as exc:
                 self.row("", "node", run, engine,
-                         _Comparison(np.inf, np.inf, np.inf, False,
+                         Comparison(np.inf, np.inf, np.inf, False,
                                      f"the pattern's reference failed on the captured inputs: "
                                      f"{type(exc).__name__}: {_first_line(exc)}"),
                          (), item, _context(item, execution.path, execution.iteration))
@@ -686,7 +719,7 @@ class _Job:
             for name, got in execution.outputs.items():
                 index = positions[name]
                 result = compare(got, want[index], self.atol, self.rtol) if index < len(want) \
-                    else _Comparison(np.inf, np.inf, np.inf, False,
+                    else Comparison(np.inf, np.inf, np.inf, False,
                                      "the pattern's reference returned too few outputs")
                 key = (execution.path, name)
                 if key not in worst or _worse(result, worst[key][0]):
@@ -764,7 +797,7 @@ class _Job:
                                                runner.engine)
 
 
-def _worse(a: _Comparison, b: _Comparison) -> bool:
+def _worse(a: Comparison, b: Comparison) -> bool:
     return (not a.passed and b.passed) or a.tolerance_used > b.tolerance_used
 
 
@@ -782,6 +815,6 @@ def require_passed(report: VerifyReport) -> None:
         raise error
 
 
-__all__ = ["DEFAULT_SYMBOLIC_DIM", "MODES", "TensorCheck", "VerifyReport", "compare",
-           "generate_feeds", "load_npz", "parse_input_shapes", "parse_input_values",
+__all__ = ["DEFAULT_SYMBOLIC_DIM", "MODES", "Comparison", "TensorCheck", "VerifyReport",
+           "compare", "generate_feeds", "load_npz", "parse_input_shapes", "parse_input_values",
            "require_passed", "verify"]
