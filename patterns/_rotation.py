@@ -2,17 +2,23 @@
 
 In: a tensor of known rank >= 2, a number of quarter turns, the turn direction as torch
 ``dims`` (``(-2, -1)`` or ``(-1, -2)``), and a scale.
-Out: standard nodes computing ``torch.rot90(x, k, dims) * scale``:
+Out: standard nodes computing ``torch.rot90(x, k, dims) * scale``, where ``flip`` reverses
+the rows (axis -2) with a ``Gather`` of the index ``(n-1) - Range(0, n, 1)``, n read from
+``Shape`` at run time, and ``T`` transposes the last two axes::
 
-    k = 0: (nothing)                  k = 2: Slice(H, W reversed)
-    k = 1: Slice(W reversed) -> Transpose(last two)
-    k = 3: Slice(H reversed) -> Transpose(last two)
+    k = 0: (nothing)          k = 1: T -> flip          k = 3: flip -> T
+    k = 2: T -> flip -> T -> flip    (target ort: one Slice with steps -1, -1)
     then Mul(scale) unless scale == 1; Identity if nothing else is left to write the output.
 
-Slice with step -1 flips an axis (valid from opset 10); this mirrors torch's own rot90,
-which flips then transposes. ``RotationPattern`` holds the check, build, output types and
-reference; a subclass only declares its attributes and maps them to (turns, dims, scale).
-Not a pattern module itself (leading underscore).
+Portable by construction (docs/portability.md): no ``Slice`` with a negative step, which
+onnx2tf silently turns into Identity; only row flips, which every engine gathers in
+whole-row copies (flipping the last axis with a Gather copies one element at a time: 3-4x
+slower on ONNX Runtime). The index is built ascending and subtracted, not as
+``Range(n-1, -1, -1)``: ONNX Runtime 1.32's GatherToSliceFusion rewrites a Gather of that
+descending Range into an empty Slice. Under ``--target ort``, k = 2 keeps the double
+step -1 Slice, measured 2.5x faster there than four passes. ``RotationPattern`` holds
+the check, build, output types and reference; a subclass only declares its attributes and
+maps them to (turns, dims, scale). Not a pattern module itself (leading underscore).
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, numpy_dtype
+from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern, Reject
 
 INT64_MIN = -(2**63)
@@ -87,26 +93,37 @@ def rotation_facts(x: str, turns: int, dims: tuple[int, int], scale: float,
 def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
     """Emit the rotation and scale of ``x`` into ``out``."""
     rank, turns = facts.rank, facts.turns
-    h_axis, w_axis = rank - 2, rank - 1
+    rows_axis = rank - 2
+    swap_last_two = [*range(rank - 2), rank - 1, rank - 2]
+    dtype = None if facts.elem_type is None else numpy_dtype(facts.elem_type)
     scaled = facts.scale != 1.0
     rotated_out = None if scaled else out  # the last rotation op writes `out` if no Mul follows
-    y = x
-    if turns == 2:
-        y = b.slice(y, [-1, -1], [INT64_MIN, INT64_MIN], [h_axis, w_axis], [-1, -1],
+
+    def flip_rows(v: Value, hint: str, out: str | None = None) -> Value:
+        """v reversed along axis -2: a Gather of (n-1) - Range(0, n, 1), whole rows at once."""
+        n = b.Gather(b.Shape(v, hint=f"{hint}_shape"), rows_axis, hint=f"{hint}_n")
+        reversed_index = (n - 1) - b.Range(0, n, 1, hint=f"{hint}_range")
+        return b.Gather(v, reversed_index, axis=rows_axis, hint=hint, out=out)
+
+    def swap(v: Value, hint: str, out: str | None = None) -> Value:
+        return b.Transpose(v, swap_last_two, hint=hint, out=out)
+
+    y = b.input(x, dtype)
+    if turns == 1:  # flip W, then swap == swap, then flip the new rows (old W)
+        y = flip_rows(swap(y, "swap_hw"), "flip_w", out=rotated_out)
+    elif turns == 3:
+        y = swap(flip_rows(y, "flip_h"), "swap_hw", out=rotated_out)
+    elif turns == 2 and b.target == "ort":
+        y = b.Slice(y, [-1, -1], [INT64_MIN, INT64_MIN], [rows_axis, rank - 1], [-1, -1],
                     hint="flip_hw", out=rotated_out)
-    elif turns in (1, 3):
-        flipped_axis = w_axis if turns == 1 else h_axis
-        y = b.slice(y, [-1], [INT64_MIN], [flipped_axis], [-1],
-                    hint="flip_w" if turns == 1 else "flip_h")
-        perm = [*range(rank - 2), w_axis, h_axis]
-        y = b.op("Transpose", y, perm=perm, hint="swap_hw", out=rotated_out)
+    elif turns == 2:  # flip W (as swap, flip rows, swap back), then flip H
+        flipped_w = swap(flip_rows(swap(y, "swap_hw"), "flip_w"), "swap_back")
+        y = flip_rows(flipped_w, "flip_h", out=rotated_out)
     if scaled:
-        assert facts.elem_type is not None  # rotation_facts guarantees it
-        scale = b.const(np.asarray(facts.scale).astype(numpy_dtype(facts.elem_type)),
-                        hint="scale")
-        b.op("Mul", y, scale, hint="scaled", out=out)
+        assert dtype is not None  # rotation_facts guarantees it
+        b.Mul(y, np.asarray(facts.scale).astype(dtype), hint="scaled", out=out)
     elif turns == 0:
-        b.identity(x, out)  # nothing to compute, but the output name must be written
+        b.Identity(x, out=out)  # nothing to compute, but the output name must be written
 
 
 class RotationPattern(Pattern):

@@ -1,4 +1,4 @@
-"""AffineGrid (torch F.affine_grid semantics) in one output-sized pass, size read at run time.
+"""AffineGrid (torch F.affine_grid semantics) as one broadcast Mul/Add, size read at run time.
 
 Matches:
 - ``AffineGrid(theta, size; align_corners:int=0)`` in any domain (``custom.ops``,
@@ -18,26 +18,30 @@ Unsqueezed to the grid's rank; every broadcast is between operands of that full 
 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
                                  R_c = x * a + t;  R_y, (R_z) = Expand(b, (e))  # (N, 1, (1,) W, k)
-      2-D (portable):            grid = Reshape((y, 1) @ Reshape([R_y; R_c]), [N, H, W, 2])
-      2-D float32, target ort:   grid = Conv1x1([R_y; R_c], weight=(y_h, 1))   # (N, H, W, 2)
-      3-D:                       grid = z * R_z + (y * R_y + R_c)              # broadcast Add
+      2-D:                       grid = y * R_y + R_c                         # (N, H, W, 2)
+      3-D:                       grid = z * R_z + (y * R_y + R_c)             # (N, D, H, W, 3)
+      2-D float32, target ort:   grid = Conv1x1(Concat(R_y, R_c), weight=(y_h, 1))
 
-``coords(n) = Range(1-n, n, 2) / den`` with ``den = n`` (align_corners=0) or
-``max(n-1, 1)`` (align_corners=1). Everything before the last op (two ops in the 2-D
-portable form: MatMul, then a Reshape that is free unless the grid is a graph output) is
-small (sizes, not grids), which is what makes this form about as fast as ONNX Runtime's
-native kernel (see the README's benchmark table).
+``coords(n) = Cast(Range(1-n, n, 2)) / den`` (an integer Range) with ``den = n``
+(align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the last Mul
+and Add is small (sizes, not grids), and both operands of the final broadcast hold whole
+(W, k) rows (ONNX Runtime broadcasts k-element pieces 5-14x slower), so the grid costs two
+output-sized passes; see the README's benchmark table.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
-onnx2torch and onnx2tf run (docs/portability.md). Under ``--target ort`` the 2-D float32
-grid is written by a 1x1 Conv whose weight is computed at run time (no Reshape copy when
-the grid is a graph output: measured 2x faster on ONNX Runtime there); when ``size`` is not
-fed at run time that weight is kept from being constant-folded (an empty slice of R is
-concatenated to it), since a constant weight makes ONNX Runtime's NCHWc layout pass wrap
-the Conv in reorders (measured 3x slower). Neither construct is portable.
+onnx2torch and onnx2tf run (docs/portability.md). Measured there: a MatMul of (y_h, 1)
+with a reshaped R is as fast on ONNX Runtime but fails onnx2tf (a Reshape with 0
+entries mis-reads its transposed layout; with a constant size LiteRT's XNNPack delegate
+then fails). Under ``--target ort`` the 2-D float32 grid is written by a 1x1 Conv whose
+weight is computed at run time (one output-sized pass: measured at 0.44-0.6x of the
+portable form's time there); when ``size`` is not fed at run time that weight is kept from being
+constant-folded (an empty slice of R is concatenated to it), since a constant weight makes
+ONNX Runtime's NCHWc layout pass wrap the Conv in reorders (measured 3x slower). Neither
+construct is portable.
 
 Envelope: opsets 11+, theta float16/32/64 (float16 is computed in float32 and rounded
-once at the end), batch and every spatial size dynamic. 2-D vs 3-D is read from theta's
+once at the end), size int64 or int32, batch and every spatial size dynamic (exact up to
+2**24 per spatial axis). 2-D vs 3-D is read from theta's
 static shape or the size tensor's length; if neither is known the node is rejected.
 The emitted graph has a fixed size whatever the tensor values are.
 """
@@ -61,6 +65,7 @@ class Facts(NamedTuple):
     align_corners: bool
     theta_type: int  # ONNX element type of theta and of the grid
     size_is_fed: bool  # size is a model input, so nothing derived from it can be folded
+    size_type: int  # int64 or int32
 
 
 class AffineGrid(Pattern):
@@ -94,23 +99,28 @@ class AffineGrid(Pattern):
             raise Reject(f"size must be int64 or int32, got "
                          f"{TensorProto.DataType.Name(size_type).lower()}")
         return Facts(_spatial_rank(theta, size, ctx), align, theta_type,
-                     ctx.is_model_input(size))
+                     ctx.is_model_input(size), size_type)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         k = facts.spatial_rank
-        # Range has no float16 kernel in ONNX Runtime: compute in float32, round once.
+        # ONNX Runtime has few float16 kernels: compute in float32, round once.
         compute_type = TensorProto.FLOAT if facts.theta_type == TensorProto.FLOAT16 \
             else facts.theta_type
         theta = b.input(node.inputs[0], facts.theta_type)
         if compute_type != facts.theta_type:
             theta = b.Cast(theta, compute_type, hint="theta_f32")
-        size_f = b.Cast(node.inputs[1], compute_type, hint="size_f")  # [N, C, (D,) H, W]
+        size = b.input(node.inputs[1], facts.size_type)  # [N, C, (D,) H, W]
 
         def coords(axis: int, label: str) -> Value:
-            """Normalized coordinates along size[axis], shape (n,): (1-n, 3-n, ..., n-1)/den."""
-            n = b.Gather(size_f, axis, hint=f"{label}_n")
-            steps = b.Range(1 - n, n, 2, hint=f"{label}_steps")
-            den = b.Max(n - 1, 1, hint=f"{label}_den") if facts.align_corners else n
+            """Normalized coordinates along size[axis], shape (n,): (1-n, 3-n, ..., n-1)/den.
+            The Range is integer: TensorRT takes run-time Range bounds only for integers,
+            and the steps are exact in float up to 2**24."""
+            n = b.Gather(size, axis, hint=f"{label}_n")
+            steps = b.Cast(b.Range(1 - n, n, 2, hint=f"{label}_steps"), compute_type,
+                           hint=f"{label}_steps_f")
+            den = b.Cast(n, compute_type, hint=f"{label}_n_f")
+            if facts.align_corners:  # Max on floats: integer Max needs opset 12
+                den = b.Max(den - 1, 1, hint=f"{label}_den")
             return b.Div(steps, den, hint=label)
 
         def spread(v: Value, axis: int, label: str) -> Value:
@@ -120,7 +130,10 @@ class AffineGrid(Pattern):
         # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
         theta_rows = b.Unsqueeze(b.Transpose(theta, [0, 2, 1], hint="theta_T"),
                                  list(range(2, k + 1)), hint="theta_T_rows")
-        x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1, hint="theta_col")
+        # One Slice per column, not a Split: onnx2tf's tf_converter backend turns this Split
+        # into a TensorFlow op that LiteRT runs only with the Flex delegate (SplitV).
+        x_coef, y_coef, *rest = [b.Slice(theta_rows, [i], [i + 1], [1], hint=f"theta_col{i}")
+                                 for i in range(k + 1)]
         z_coef = rest[0] if k == 3 else None
         offset = rest[-1]
         # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the grid
@@ -137,24 +150,13 @@ class AffineGrid(Pattern):
             z_term = spread(coords(2, "z"), 1, "z_b") * r_z  # (N, D, 1, W, 3)
             yc_term = b.Add(spread(y, 2, "y_b") * r_y, r_c, hint="grid_yc")  # (N, 1, H, W, 3)
             grid = b.Add(z_term, yc_term, hint="grid", out=final)
-        else:
+        elif b.target == "ort" and compute_type == TensorProto.FLOAT:
             rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
-            if b.target == "ort" and compute_type == TensorProto.FLOAT:
-                grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
-            else:
-                grid = self._matmul_form_2d(b, rows, y, final)
+            grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
+        else:  # (1, H, 1, 1) * (N, 1, W, 2) + (N, 1, W, 2): whole (W, 2) rows per h
+            grid = b.Add(spread(y, 1, "y_b") * r_y, r_c, hint="grid", out=final)
         if final is None:
             b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
-
-    @staticmethod
-    def _matmul_form_2d(b: Builder, rows: Value, y: Value, out: str | None) -> Value:
-        """grid = Reshape((y_h, 1) @ Reshape(R)): one output-sized MatMul with K = 2; the
-        Reshape is free unless the grid is a graph output (then ONNX Runtime copies it)."""
-        left = b.Unsqueeze(b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1,
-                                 hint="L_2d"), [0], hint="L")  # (1, H, 2): (y_h, 1)
-        right = b.Reshape(rows, [0, 2, -1], hint="R_flat")  # (N, 2, W*2)
-        flat = b.MatMul(left, right, hint="grid_flat")  # (N, H, W*2)
-        return b.Reshape(flat, [0, 0, -1, 2], hint="grid", out=out)
 
     @staticmethod
     def _conv_form_2d(b: Builder, rows: Value, y: Value, out: str | None,

@@ -7,14 +7,22 @@ Out: a table on stdout and the same numbers as JSON: per case and thread count, 
 time of each variant and the median of per-round ratios to ORT's native AffineGrid-20.
 
 Variants, all timed in one process, interleaved in a random order each round:
-- ``decomposer``: the decomposed custom node, ``size`` fed at run time (nothing folded);
-- ``decomposer_const``: the same with a constant ``size`` (ORT folds the size-only part);
+- ``decomposer``: the decomposed custom node (default target, portable), ``size`` fed at
+  run time (nothing folded);
+- ``decomposer_ort``: the same decomposed with ``--target ort`` (ONNX Runtime-tuned forms);
+- ``decomposer_const``: the portable form with a constant ``size`` (ORT folds the size-only
+  part);
 - ``native``: ORT's AffineGrid-20 kernel (the baseline);
 - ``onnx_function``: ONNX's own AffineGrid-20 function body, inlined (``onnx.inliner``);
 - ``torch_dynamo``: torch's dynamo export of ``F.affine_grid`` (static sizes);
 - ``torch_eager``: ``F.affine_grid`` in torch itself;
 - ``floor``: ORT writing a tensor of the output size (ConstantOfShape), the write floor.
-With ``--gridsample`` the grid also feeds a GridSample, as in a real STN.
+With ``--gridsample`` the grid also feeds a GridSample, as in a real STN. With
+``--openvino`` (when openvino is installed) the portable decomposed model and ONNX's
+AffineGrid-20 node also run on OpenVINO CPU (f32 precision hint, same thread count), timed
+interleaved with each other: the ``openvino`` column is their ratio. ``--rotation`` times
+Rot90AndScale decomposed (portable and ``ort`` targets) against a hand-written
+Slice + Transpose + Mul.
 
 ORT sessions use pre-made OrtValue feeds (``run_with_ort_values``), intra-op spinning off,
 and 1 or 2 intra-op threads; torch uses the same thread count.
@@ -87,9 +95,10 @@ def _affine_model(domain: str, k: int, *, gridsample: bool, const_size=None) -> 
     return helper.make_model(graph, opset_imports=imports, ir_version=10)
 
 
-def decomposed_model(k: int, gridsample: bool, const_size=None) -> onnx.ModelProto:
+def decomposed_model(k: int, gridsample: bool, const_size=None, target: str = "portable"
+                     ) -> onnx.ModelProto:
     return decomposer.decompose(_affine_model("custom.ops", k, gridsample=gridsample,
-                                              const_size=const_size))
+                                              const_size=const_size), target=target)
 
 
 def native_model(k: int, gridsample: bool) -> onnx.ModelProto:
@@ -172,6 +181,53 @@ class OrtRunner:
                                                 self.run_options)[0].numpy()
 
 
+class OpenVinoRunner:
+    """OpenVINO CPU, f32 precision hint, latency mode, one reused request with set tensors."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
+        import openvino as ov
+
+        core = ov.Core()
+        compiled = core.compile_model(core.read_model(model.SerializeToString()), "CPU", {
+            "INFERENCE_PRECISION_HINT": "f32", "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_NUM_THREADS": threads})
+        self.request = compiled.create_infer_request()
+        names = {port.get_any_name() for port in compiled.inputs}
+        for name, value in feeds.items():
+            if name in names:
+                self.request.set_tensor(name, ov.Tensor(np.ascontiguousarray(value)))
+
+    def __call__(self) -> None:
+        self.request.infer()
+
+    def result(self) -> np.ndarray:
+        self.request.infer()
+        return np.array(self.request.get_output_tensor(0).data)
+
+
+def bench_openvino(label: str, size, threads: int, rounds: int, gridsample: bool
+                   ) -> dict | None:
+    """The portable decomposition on OpenVINO against ONNX's AffineGrid-20 on OpenVINO."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return None
+    k = len(size) - 2
+    rng = np.random.default_rng(0)
+    feeds = {"theta": rng.uniform(-1, 1, (size[0], k, k + 1)).astype(np.float32),
+             "size": np.array(size, np.int64)}
+    if gridsample:
+        feeds["image"] = rng.normal(size=size).astype(np.float32)
+    variants: dict[str, Callable[[], None]] = {
+        "ov_native": OpenVinoRunner(native_model(k, gridsample), feeds, threads),
+        "ov_decomposer": OpenVinoRunner(decomposed_model(k, gridsample), feeds, threads)}
+    np.testing.assert_allclose(variants["ov_decomposer"].result(),  # type: ignore[attr-defined]
+                               variants["ov_native"].result(),  # type: ignore[attr-defined]
+                               atol=1e-2 if gridsample else 1e-4, rtol=1e-4)
+    return _measure(label, list(size), threads, rounds, variants, "ov_native",
+                    {"gridsample": gridsample, "engine": "openvino"})
+
+
 def _time(fn: Callable[[], None], repeat: int) -> float:
     start = time.perf_counter()
     for _ in range(repeat):
@@ -190,6 +246,8 @@ def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
     variants: dict[str, Callable[[], None]] = {}
     variants["native"] = OrtRunner(native_model(k, gridsample), feeds, threads)
     variants["decomposer"] = OrtRunner(decomposed_model(k, gridsample), feeds, threads)
+    variants["decomposer_ort"] = OrtRunner(decomposed_model(k, gridsample, target="ort"),
+                                           feeds, threads)
     variants["decomposer_const"] = OrtRunner(decomposed_model(k, gridsample, size), feeds,
                                              threads)
     failures: dict[str, str] = {}
@@ -230,9 +288,10 @@ def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
     # Sanity: the decomposition computes what the native kernel computes (no size-1 dims
     # here, where the native kernel differs from torch). Through GridSample, 1e-7 grid
     # differences can move a sample across a pixel edge: compare more loosely there.
-    np.testing.assert_allclose(variants["decomposer"].result(),  # type: ignore[attr-defined]
-                               variants["native"].result(),  # type: ignore[attr-defined]
-                               atol=1e-2 if gridsample else 1e-4, rtol=1e-4)
+    for name in ("decomposer", "decomposer_ort"):
+        np.testing.assert_allclose(variants[name].result(),  # type: ignore[attr-defined]
+                                   variants["native"].result(),  # type: ignore[attr-defined]
+                                   atol=1e-2 if gridsample else 1e-4, rtol=1e-4)
 
     result = _measure(label, list(size), threads, rounds, variants, "native",
                       {"gridsample": gridsample, "failed": failures})
@@ -274,7 +333,8 @@ ROTATION_CASES = [("rot k=1 1x3x224x224", (1, 3, 224, 224), 1),
                   ("rot k=3 8x64x128x96", (8, 64, 128, 96), 3)]
 
 
-def _rotation_models(shape, k: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+def _rotation_models(shape, k: int, target: str = "portable"
+                     ) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """(decomposed Rot90AndScale(k, scale 1.5), hand-written Slice+Transpose+Mul)."""
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", "C", "H", "W"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)
@@ -283,7 +343,7 @@ def _rotation_models(shape, k: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
         "rot", [x], [y])
     decomposed = decomposer.decompose(helper.make_model(
         custom, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)],
-        ir_version=8))
+        ir_version=8), target=target)
     ints = lambda name, v: onnx.numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
     if k == 2:
         nodes = [helper.make_node("Slice", ["x", "s", "e", "a", "st"], ["r"])]
@@ -304,11 +364,14 @@ def _rotation_models(shape, k: int) -> tuple[onnx.ModelProto, onnx.ModelProto]:
 def bench_rotation(label: str, shape, k: int, threads: int, rounds: int) -> dict:
     x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     decomposed, bare = _rotation_models(shape, k)
+    decomposed_ort, _ = _rotation_models(shape, k, target="ort")
     variants: dict[str, Callable[[], None]] = {
         "bare": OrtRunner(bare, {"x": x}, threads),
-        "decomposer": OrtRunner(decomposed, {"x": x}, threads)}
-    np.testing.assert_array_equal(variants["decomposer"].result(),  # type: ignore[attr-defined]
-                                  variants["bare"].result())  # type: ignore[attr-defined]
+        "decomposer": OrtRunner(decomposed, {"x": x}, threads),
+        "decomposer_ort": OrtRunner(decomposed_ort, {"x": x}, threads)}
+    for name in ("decomposer", "decomposer_ort"):
+        np.testing.assert_array_equal(variants[name].result(),  # type: ignore[attr-defined]
+                                      variants["bare"].result())  # type: ignore[attr-defined]
     try:
         import torch
 
@@ -322,17 +385,18 @@ def bench_rotation(label: str, shape, k: int, threads: int, rounds: int) -> dict
 
 
 def _print_rotation_table(results: list[dict]) -> None:
-    print(f"{'case':<22} {'thr':>3} {'bare ms':>8} {'decomposer':>11} {'torch_eager':>12}")
+    print(f"{'case':<22} {'thr':>3} {'bare ms':>8} {'decomposer':>11} {'target ort':>11} "
+          f"{'torch_eager':>12}")
     for r in results:
         ratios = r["ratio_to_baseline"]
         eager = f"{ratios['torch_eager']:>11.2f}x" if "torch_eager" in ratios else f"{'-':>12}"
         print(f"{r['case']:<22} {r['threads']:>3} {r['median_ms']['bare']:>8.3f} "
-              f"{ratios['decomposer']:>10.2f}x {eager}")
+              f"{ratios['decomposer']:>10.2f}x {ratios['decomposer_ort']:>10.2f}x {eager}")
 
 
 def _print_table(results: list[dict]) -> None:
-    columns = ["decomposer", "decomposer_const", "onnx_function", "torch_dynamo", "torch_eager",
-               "floor"]
+    columns = ["decomposer", "decomposer_ort", "openvino", "decomposer_const", "onnx_function",
+               "torch_dynamo", "torch_eager", "floor"]
     print(f"{'case':<18} {'thr':>3} {'GS':>2} {'native ms':>9}  " +
           " ".join(f"{c:>16}" for c in columns))
     for r in results:
@@ -358,6 +422,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the grid feeding GridSample")
     parser.add_argument("--rotation", action="store_true",
                         help="also measure Rot90AndScale against a bare Slice+Transpose")
+    parser.add_argument("--openvino", action="store_true",
+                        help="also time the portable form and AffineGrid-20 on OpenVINO")
     parser.add_argument("--json", default="bench-results/bench.json")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
@@ -369,8 +435,15 @@ def main(argv: list[str] | None = None) -> int:
             for gridsample in ([False, True] if args.gridsample else [False]):
                 if gridsample and len(size) == 5 and size[2] >= 64:
                     continue  # 3-D GridSample at 64^3 takes minutes per round
-                results.append(bench_case(label, size, threads, rounds, gridsample,
-                                          skip_slow=args.quick))
+                result = bench_case(label, size, threads, rounds, gridsample,
+                                    skip_slow=args.quick)
+                ov = bench_openvino(label, size, threads, rounds, gridsample) \
+                    if args.openvino else None
+                if ov is not None:
+                    result["openvino"] = ov
+                    result["ratio_to_native"]["openvino"] = \
+                        ov["ratio_to_baseline"]["ov_decomposer"]
+                results.append(result)
                 _print_table(results[-1:])
     print()
     _print_table(results)
@@ -384,6 +457,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": ort.__version__, "onnx": onnx.__version__}
+    try:
+        import openvino
+
+        meta["openvino"] = openvino.__version__
+    except ImportError:
+        pass
     target = Path(args.json)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps({"meta": meta, "results": results, "rotation": rotation},

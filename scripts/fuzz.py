@@ -20,6 +20,7 @@ splices of the serialized model.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -28,7 +29,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -37,66 +40,315 @@ from onnx import AttributeProto, TensorProto, helper
 
 # -- seed corpus ----------------------------------------------------------------------------
 
+ATEN = "org.pytorch.aten"
+F, D, I32, I64, B = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
+                     TensorProto.INT64, TensorProto.BOOL)
+
 
 def _vi(name, elem, dims):
     return helper.make_tensor_value_info(name, elem, dims)
 
 
-def seed_models() -> list[onnx.ModelProto]:
-    """Small valid models holding every custom-node form decomposer knows."""
-    models = []
-    for domain, opset in [("custom.ops", 16), ("", 13), ("ai.onnx.contrib", 20)]:
-        for k in (2, 3):
-            node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="affine",
-                                    domain=domain, align_corners=k - 2)
-            graph = helper.make_graph(
-                [node, helper.make_node("Neg", ["grid"], ["out"], name="neg")], "affine",
-                [_vi("theta", TensorProto.FLOAT, ["N", k, k + 1]),
-                 _vi("size", TensorProto.INT64, [k + 2])],
-                [_vi("out", TensorProto.FLOAT, [None] * (k + 2))])
-            imports = [helper.make_opsetid("", opset)] + (
-                [helper.make_opsetid(domain, 1)] if domain else [])
-            models.append(helper.make_model(graph, opset_imports=imports, ir_version=8))
-    aten = helper.make_graph(
-        [helper.make_node("Constant", [], ["align"], name="c",
-                          value=helper.make_tensor("v", TensorProto.BOOL, [], [True])),
-         helper.make_node("ATen", ["theta", "size", "align"], ["grid"], name="aten",
-                          domain="org.pytorch.aten", operator="affine_grid_generator")],
-        "aten", [_vi("theta", TensorProto.FLOAT, [2, 2, 3]), _vi("size", TensorProto.INT64, [4])],
-        [_vi("grid", TensorProto.FLOAT, [None] * 4)])
-    models.append(helper.make_model(aten, opset_imports=[
-        helper.make_opsetid("", 16), helper.make_opsetid("org.pytorch.aten", 1)], ir_version=8))
+@dataclass(frozen=True)
+class Seed:
+    """One small valid use of a pattern, from which every form it matches is seeded.
+
+    ``inputs``: typed graph inputs (name, element type, dims); ``outputs``: the node's
+    outputs' (element type, rank) (None: one output typed like the first input). ``attrs``: the native form's attributes; ``native``: the native
+    form's inputs (None: every graph input); ``domains``: (domain, default opset) pairs the
+    native form is seeded in (the pattern must match there; empty: no native seed).
+    ``aten``: torch's argument list for the ``org.pytorch.aten::<op>`` and
+    ``ATen(operator=<op>)`` forms, as the exporter writes it: a graph input's name, "" for
+    an absent argument, or a numpy value (written as a Constant node); None: no ATen seed.
+    """
+
+    inputs: tuple[tuple[str, int, tuple], ...]
+    outputs: tuple[tuple[int, int], ...] | None = None
+    attrs: dict = field(default_factory=dict)
+    native: tuple[str, ...] | None = None
+    domains: tuple[tuple[str, int], ...] = (("custom.ops", 17),)
+    aten: tuple | None = None
+    aten_opset: int = 13
+
+
+def _scalar(value, dtype):
+    return np.array(value, dtype)
+
+
+_X4 = ("x", F, ("N", 3, "H", "W"))
+# Per pattern class: its seeds. Every form of every built-in pattern must be seeded here
+# (check_seeds() says which is missing); the ATen argument lists follow torch's exporter
+# (see each pattern module's docstring and tests/test_<module>.py).
+SEEDS: dict[str, list[Seed]] = {
+    "AffineGrid": [
+        Seed((("theta", F, ("N", 2, 3)), ("size", I64, (4,))), ((F, 4),), attrs={"align_corners": 1},
+             domains=(("custom.ops", 16), ("", 13), ("ai.onnx.contrib", 20)),
+             aten=("theta", "size", _scalar(True, np.bool_)), aten_opset=16),
+        Seed((("theta", F, ("N", 3, 4)), ("size", I64, (5,))), ((F, 5),),
+             domains=(("custom.ops", 11), ("", 19)),
+             aten=("theta", "size", _scalar(False, np.bool_))),
+    ],
+    "Rot90AndScale": [Seed((_X4,), attrs={"k": 3, "scale": 2.0, "clockwise": "yes"},
+                           domains=(("custom.ops", 17), ("", 11)))],
+    "CustomRotScale": [Seed((_X4,), attrs={"rotations": 2, "scale_factor": 1.5,
+                                           "dims": "width,height"})],
+    "Rot90": [
+        Seed((("x", F, ("N", "C", 4, "W")),), attrs={"k": 1, "dims": [1, 3]},
+             aten=("x", _scalar(1, np.int64), np.array([1, 3], np.int64))),
+        Seed((("x", I64, (2, "H", "W")),), attrs={"k": -1, "dims": [-1, -2]},
+             domains=(("custom.ops", 11),),
+             aten=("x", _scalar(3, np.int64), np.array([-2, -1], np.int64)), aten_opset=17),
+    ],
+    "Tril": [
+        Seed((("x", F, ("N", "H", "W")),), attrs={"diagonal": 1},
+             aten=("x", _scalar(1, np.int64))),
+        Seed((("x", F, ("H", "W")), ("d", I64, ())), domains=(), aten=("x", "d")),
+    ],
+    "Triu": [Seed((("x", I32, ("N", 4, "W")),), attrs={"diagonal": -1},
+                  domains=(("custom.ops", 14),), aten=("x", _scalar(-1, np.int64)),
+                  aten_opset=11)],
+    "Trilu": [Seed((("x", F, ("N", "H", "W")), ("k", I64, ())), attrs={"upper": 0},
+                   domains=(("custom.ops", 16), ("", 13)))],
+    "CumMax": [Seed((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1},
+                    aten=("x", _scalar(1, np.int64)))],
+    "CumMin": [Seed((("x", I32, (3, "L")),), ((I32, 2), (I64, 2)), attrs={"dim": -1},
+                    domains=(("custom.ops", 11),), aten=("x", _scalar(-1, np.int64)))],
+    "GridSample": [
+        Seed((_X4, ("grid", F, ("N", "h", "w", 2))),
+             attrs={"mode": "bilinear", "padding_mode": "border", "align_corners": 1},
+             domains=(("custom.ops", 16), ("", 13)),
+             aten=("x", "grid", _scalar(0, np.int64), _scalar(1, np.int64),
+                   _scalar(True, np.bool_))),
+        Seed((("x", F, ("N", 2, "D", "H", "W")), ("grid", F, ("N", "d", "h", "w", 3))),
+             attrs={"mode": "nearest", "padding_mode": "reflection"},
+             domains=(("custom.ops", 20),),
+             aten=("x", "grid", _scalar(1, np.int64), _scalar(2, np.int64),
+                   _scalar(False, np.bool_)), aten_opset=17),
+    ],
+    "MmcvGridSampler": [Seed((_X4, ("grid", F, ("N", "h", "w", 2))),
+                             attrs={"interpolation_mode": 2, "padding_mode": 2},
+                             domains=(("mmcv", 11),))],
+    "Inverse": [
+        Seed((("A", F, ("B", 3, 3)),), domains=(("custom.ops", 13), ("com.microsoft", 17)),
+             aten=("A",)),
+        Seed((("A", D, (6, 6)),), aten=("A",), aten_opset=11),
+    ],
+    "AtenInverse": [Seed((("A", D, ("B", 2, 2)),), aten=("A",))],
+    "LinalgInvEx": [Seed((("A", F, ("B", 5, 5)),), ((F, 3), (I32, 1)),
+                         aten=("A", _scalar(False, np.bool_)))],
+    "Solve": [
+        Seed((("A", F, ("B", 3, 3)), ("Bm", F, ("B", 3, "K"))), ((F, 3),), attrs={"left": 1},
+             aten=("A", "Bm", _scalar(True, np.bool_))),
+        Seed((("A", F, ("B", 2, 2)), ("Bm", F, ("B", "K", 2))), ((F, 3),), attrs={"left": 0},
+             domains=(("custom.ops", 11),), aten=("A", "Bm", _scalar(False, np.bool_))),
+    ],
+    "LinalgSolveEx": [Seed((("A", F, ("B", 4, 4)), ("Bm", F, ("B", 4))), ((F, 2), (I32, 1)),
+                           aten=("A", "Bm", _scalar(True, np.bool_),
+                                 _scalar(False, np.bool_)))],
+    "ScaledDotProductAttention": [
+        Seed((("q", F, ("N", "H", "L", 8)), ("k", F, ("N", "H", "S", 8)),
+              ("v", F, ("N", "H", "S", 8))), attrs={"is_causal": 1, "scale": 0.25},
+             aten=("q", "k", "v", "", _scalar(0.0, np.float64), _scalar(True, np.bool_),
+                   _scalar(0.25, np.float64), _scalar(False, np.bool_))),
+        Seed((("q", F, ("N", 4, "L", 8)), ("k", F, ("N", 2, "S", 8)), ("v", F, ("N", 2, "S", 8)),
+              ("m", B, ("L", "S"))), attrs={"enable_gqa": 1}, domains=(("custom.ops", 11),),
+             aten=("q", "k", "v", "m", _scalar(0.0, np.float64), _scalar(False, np.bool_), "",
+                   _scalar(True, np.bool_))),
+    ],
+    "SearchSorted": [
+        Seed((("s", F, (6,)), ("v", F, ("M",))), ((I32, 1),),
+             attrs={"side": "right", "out_int32": 1},
+             aten=("s", "v", _scalar(True, np.bool_), _scalar(False, np.bool_),
+                   np.array(b"right", dtype=object), "")),
+        Seed((("s", I64, (2, "n")), ("v", I64, (2, "M")), ("sorter", I64, (2, "n"))),
+             ((I64, 2),), attrs={"right": 1}, domains=(("custom.ops", 11),),
+             aten=("s", "v", _scalar(False, np.bool_), _scalar(True, np.bool_), "", "sorter")),
+        Seed((("s", D, (5,)),), ((I64, 0),), domains=(),
+             aten=("s", _scalar(0.5, np.float64), _scalar(False, np.bool_),
+                   _scalar(False, np.bool_), "", "")),
+    ],
+}
+
+
+def _model(nodes, seed: Seed, opset: int, domain: str) -> onnx.ModelProto:
+    _, elem, dims = seed.inputs[0]
+    outputs = seed.outputs or ((elem, len(dims)),)
+    graph = helper.make_graph(nodes, "seed", [_vi(n, e, list(d)) for n, e, d in seed.inputs],
+                              [_vi(f"y{i}", e, [None] * rank)
+                               for i, (e, rank) in enumerate(outputs)])
+    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)]
+                                                  if domain else [])
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
+    """(form label, model) for every form of ``pattern`` that ``seed`` can write."""
+    outs = [f"y{i}" for i in range(len(seed.outputs or [None]))]
+    found = []
+    if pattern.domains is None or pattern.domains:
+        names = list(seed.native if seed.native is not None else (n for n, _, _ in seed.inputs))
+        for domain, opset in seed.domains:
+            node = helper.make_node(pattern.op_type, names, outs, name="op", domain=domain,
+                                    **seed.attrs)
+            found.append((f"{domain or '<default>'}::{pattern.op_type}@{opset}",
+                          _model([node], seed, opset, domain)))
+    if pattern.aten_operator and seed.aten is not None:
+        nodes, names = [], []
+        for index, arg in enumerate(seed.aten):
+            if isinstance(arg, str):
+                names.append(arg)
+                continue
+            names.append(f"arg{index}")
+            nodes.append(helper.make_node("Constant", [], [names[-1]], name=f"const{index}",
+                                          value=onnx.numpy_helper.from_array(arg, "v")))
+        op = pattern.aten_operator
+        for label, node in [
+                (f"{ATEN}::{op}", helper.make_node(op, names, outs, name="op", domain=ATEN)),
+                (f"ATen(operator={op})", helper.make_node(
+                    "ATen", names, outs, name="op", domain=ATEN, operator=op,
+                    overload_name=""))]:
+            found.append((f"{label}@{seed.aten_opset}",
+                          _model([*nodes, node], seed, seed.aten_opset, ATEN)))
+    return found
+
+
+def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
+    """Custom nodes in chains, in an If body, and feeding standard nodes."""
+    found = []
     for op, attrs in [("Rot90AndScale", {"k": 3, "scale": 2.0, "clockwise": "yes"}),
                       ("CustomRotScale", {"rotations": 2, "scale_factor": 1.5,
                                           "dims": "width,height"})]:
         rot = helper.make_graph(
             [helper.make_node(op, ["x"], ["y"], name="rot", domain="custom.ops", **attrs),
              helper.make_node(op, ["y"], ["z"], name="rot2", domain="custom.ops")],
-            "rot", [_vi("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
-            [_vi("z", TensorProto.FLOAT, [None] * 4)])
-        models.append(helper.make_model(rot, opset_imports=[
-            helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)], ir_version=8))
+            "rot", [_vi("x", F, ["N", 3, "H", "W"])], [_vi("z", F, [None] * 4)])
+        found.append((f"chain of {op}", helper.make_model(rot, opset_imports=[
+            helper.make_opsetid("", 17), helper.make_opsetid("custom.ops", 1)], ir_version=8)))
     then = helper.make_graph([helper.make_node("Rot90AndScale", ["x"], ["t"], name="in_if",
                                                domain="custom.ops", k=1)],
-                             "then", [], [_vi("t", TensorProto.FLOAT, [None] * 4)])
+                             "then", [], [_vi("t", F, [None] * 4)])
     other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"], name="id")],
-                              "else", [], [_vi("e", TensorProto.FLOAT, [None] * 4)])
+                              "else", [], [_vi("e", F, [None] * 4)])
     branchy = helper.make_graph(
         [helper.make_node("If", ["c"], ["y"], name="if", then_branch=then, else_branch=other)],
-        "if", [_vi("x", TensorProto.FLOAT, [1, 2, 3, 3]), _vi("c", TensorProto.BOOL, [])],
-        [_vi("y", TensorProto.FLOAT, [None] * 4)])
-    models.append(helper.make_model(branchy, opset_imports=[
-        helper.make_opsetid("", 16), helper.make_opsetid("custom.ops", 1)], ir_version=8))
-    return models
+        "if", [_vi("x", F, [1, 2, 3, 3]), _vi("c", B, [])], [_vi("y", F, [None] * 4)])
+    found.append(("Rot90AndScale in an If body", helper.make_model(branchy, opset_imports=[
+        helper.make_opsetid("", 16), helper.make_opsetid("custom.ops", 1)], ir_version=8)))
+    # An STN: AffineGrid -> GridSample fallbacks, a Tril of the output, all ATen.
+    nodes = [helper.make_node("Constant", [], [name], name=f"c_{name}",
+                              value=onnx.numpy_helper.from_array(value, "v"))
+             for name, value in [("align", _scalar(False, np.bool_)),
+                                 ("zero", _scalar(0, np.int64))]]
+    nodes += [helper.make_node("Shape", ["x"], ["size"], name="shape"),
+              helper.make_node("affine_grid_generator", ["theta", "size", "align"], ["grid"],
+                               name="affine", domain=ATEN),
+              helper.make_node("grid_sampler", ["x", "grid", "zero", "zero", "align"], ["s"],
+                               name="sample", domain=ATEN),
+              helper.make_node("ATen", ["s", "zero"], ["y"], name="tril", domain=ATEN,
+                               operator="tril", overload_name="")]
+    stn = helper.make_graph(nodes, "stn", [_vi("x", F, ["N", 3, "H", "W"]),
+                                           _vi("theta", F, ["N", 2, 3])], [_vi("y", F, [None] * 4)])
+    found.append(("ATen STN chain", helper.make_model(stn, opset_imports=[
+        helper.make_opsetid("", 13), helper.make_opsetid(ATEN, 1)], ir_version=8)))
+    return found
+
+
+def labelled_seeds() -> list[tuple[str, onnx.ModelProto]]:
+    """(label, model) of every seed: each built-in pattern in every form it matches, then
+    the structural seeds. A built-in pattern with no entry in SEEDS raises KeyError."""
+    from decomposer.registry import build_registry
+
+    found = []
+    for entry in build_registry(entry_points=False):
+        pattern = entry.pattern
+        for index, seed in enumerate(SEEDS[type(pattern).__name__]):
+            found += [(f"{type(pattern).__name__}[{index}] {label}", model)
+                      for label, model in pattern_seeds(pattern, seed)]
+    return found + _structural_seeds()
+
+
+def seed_models() -> list[onnx.ModelProto]:
+    """Small valid models holding every custom-node form decomposer knows."""
+    return [model for _, model in labelled_seeds()]
+
+
+def check_seeds() -> list[str]:
+    """Problems with the seed corpus: a seed that does not decompose cleanly (every custom
+    node replaced, full_check passes), or a built-in pattern form no seed holds."""
+    import decomposer
+    from decomposer.registry import build_registry
+
+    registry = build_registry(entry_points=False)
+    wanted = set()
+    for entry in registry:
+        pattern = entry.pattern
+        if pattern.domains is None or pattern.domains:
+            wanted.add((pattern.name, "native"))
+        if pattern.aten_operator:
+            wanted |= {(pattern.name, "fallthrough"), (pattern.name, "ATen")}
+    problems = []
+    for label, model in labelled_seeds():
+        try:
+            out, report = decomposer.decompose_with_report(model)
+            onnx.checker.check_model(out, full_check=True)
+            assert report.replaced and not report.unsupported, report.summary()
+        except Exception as exc:  # noqa: BLE001 - every failure is a finding
+            problems.append(f"{label}: {type(exc).__name__}: {exc}")
+            continue
+        for node in _nodes(model.graph):
+            found = registry.lookup(node)
+            if found is not None:
+                form = ("native" if found[1] == "native" else
+                        "ATen" if node.op_type == "ATen" else "fallthrough")
+                wanted.discard((found[0].name, form))
+    problems += [f"no seed holds pattern {name} in its {form} form"
+                 for name, form in sorted(wanted)]
+    return problems
 
 
 # -- mutators -------------------------------------------------------------------------------
 
-_DOMAINS = ["", "ai.onnx", "custom.ops", "org.pytorch.aten", "ai.onnx.ml", "x" * 300, "é.ops"]
-_OPS = ["AffineGrid", "Rot90AndScale", "CustomRotScale", "ATen", "affine_grid_generator",
-        "Relu", "If", "Loop", "Unknown", ""]
-_DIMS = [0, -1, 1, 2, 3, 5, 2**40, 2**62]
+_DOMAINS = ["", "ai.onnx", "custom.ops", "org.pytorch.aten", "ai.onnx.ml", "ai.onnx.contrib",
+            "com.microsoft", "mmcv", "x" * 300, "é.ops"]
+# Large static dims: 2**16 + 1 and 2**24 reach size-dependent code paths (unrolled tables,
+# baked constants), 2**31 int32 overflow, 2**40 and 2**62 absurd sizes.
+_DIMS = [0, -1, 1, 2, 3, 5, 2**16 + 1, 2**24, 2**31, 2**40, 2**62]
 _INTS = [0, 1, -1, 2, 3, 5, 2**31, -(2**63), 2**63 - 1]
+
+
+@functools.cache
+def _vocabulary() -> tuple[list[str], list[str]]:
+    """(op types, attribute names) to mutate into: every built-in pattern's op type, ATen
+    name and attribute, plus standard and unknown ones."""
+    from decomposer.registry import build_registry
+
+    ops = ["ATen", "Relu", "If", "Loop", "Constant", "Trilu", "Unknown", ""]
+    names = ["operator", "overload_name", "value", "zzz"]
+    for entry in build_registry(entry_points=False):
+        pattern = entry.pattern
+        ops += [pattern.op_type] + ([pattern.aten_operator] if pattern.aten_operator else [])
+        names += list(pattern.attributes)
+    return sorted(set(ops)), sorted(set(names))
+
+
+def _random_tensor(rng: random.Random) -> TensorProto:
+    """A Constant value of a random dtype and shape: what ATen forms read their arguments
+    from (scalars, pairs, empty, NaN, huge, strings)."""
+    dtype = rng.choice([np.int64, np.int32, np.bool_, np.float64, np.float32, np.float16,
+                        np.uint8, object])
+    shape = rng.choice([(), (), (1,), (2,), (0,), (3,), (1, 1)])
+    size = int(np.prod(shape, dtype=np.int64))
+    if dtype is object:
+        pool = [b"left", b"right", b"", b"\xff", b"bilinear"]
+    elif dtype in (np.float64, np.float32, np.float16):
+        pool = [0.0, -0.0, 0.5, 1.0, -1.0, 3.0, float("nan"), float("inf"), -1e30, 1e30]
+    elif dtype is np.bool_:
+        pool = [True, False]
+    else:
+        info = np.iinfo(dtype)
+        pool = [v for v in _INTS + [4, 7, -2, -3, 64, 10**6] if info.min <= v <= info.max]
+    value = np.array([rng.choice(pool) for _ in range(size)], dtype=dtype).reshape(shape)
+    return onnx.numpy_helper.from_array(value, "v")
 
 
 def _nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
@@ -128,32 +380,40 @@ def _random_attribute(rng: random.Random, name: str) -> AttributeProto:
     return helper.make_attribute(name, [1.0, float("nan")])
 
 
+# Mutation kinds below, weighted toward what reaches a pattern's check (attributes, dims
+# and dtypes, ATen constant arguments) over what the input checker refuses outright
+# (node order, deleted outputs, colliding names, graph-level damage).
+_KIND_WEIGHTS = [3, 2, 2, 1, 2, 1, 4, 1, 1, 1, 1, 4]
+
+
 def mutate_structure(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     for _ in range(rng.randint(1, 3)):
         nodes = _nodes(m.graph)
         node = rng.choice(nodes)
-        kind = rng.randrange(11)
+        kind = rng.choices(range(12), _KIND_WEIGHTS)[0]
+        ops, attribute_names = _vocabulary()
         if kind == 0 and node.attribute:  # attribute type and value
             attr = rng.choice(node.attribute)
             attr.CopyFrom(_random_attribute(rng, attr.name))
         elif kind == 1:  # a new or renamed attribute
-            node.attribute.append(_random_attribute(rng, rng.choice(
-                ["k", "scale", "align_corners", "operator", "dims", "zzz"])))
+            node.attribute.append(_random_attribute(rng, rng.choice(attribute_names)))
         elif kind == 2:  # arity and empty names
             if node.input and rng.random() < 0.5:
                 del node.input[rng.randrange(len(node.input))]
             else:
+                known = [i.name for i in m.graph.input] + [o for n in nodes for o in n.output]
                 node.input.insert(rng.randrange(len(node.input) + 1),
-                                  rng.choice(["", "theta", "size", "x", "nowhere"]))
+                                  rng.choice(["", "nowhere"] + known))
         elif kind == 3:
             node.domain = rng.choice(_DOMAINS)
         elif kind == 4:
-            node.op_type = rng.choice(_OPS)
+            node.op_type = rng.choice(ops)
         elif kind == 5:  # opset imports, absurd versions included
             if m.opset_import and rng.random() < 0.7:
-                rng.choice(m.opset_import).version = rng.choice([0, -1, 1, 10, 28, 10**9, 2**62])
+                rng.choice(m.opset_import).version = rng.choice(
+                    [0, -1, 1, 10, 11, 12, 13, 14, 17, 18, 20, 21, 28, 10**9, 2**62])
             else:
                 m.opset_import.append(helper.make_opsetid(rng.choice(_DOMAINS),
                                                           rng.choice([1, 16, 99])))
@@ -161,10 +421,22 @@ def mutate_structure(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelPr
             value = rng.choice(list(m.graph.input) or [None])
             if value is not None:
                 tensor = value.type.tensor_type
-                if rng.random() < 0.5 and tensor.shape.dim:
+                what = rng.random()
+                if what < 0.4 and tensor.shape.dim:
                     rng.choice(tensor.shape.dim).dim_value = rng.choice(_DIMS)
+                elif what < 0.5 and tensor.shape.dim:  # one dim fewer
+                    del tensor.shape.dim[rng.randrange(len(tensor.shape.dim))]
+                elif what < 0.6:  # one dim more, static or symbolic
+                    dim = tensor.shape.dim.add()
+                    if rng.random() < 0.5:
+                        dim.dim_value = rng.choice(_DIMS[1:])
+                    else:
+                        dim.dim_param = "extra"
+                elif what < 0.65:  # rank unknown
+                    tensor.ClearField("shape")
                 else:
-                    tensor.elem_type = rng.choice([0, 1, 2, 6, 7, 8, 9, 10, 11, 16, 1000])
+                    tensor.elem_type = rng.choice([0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                   13, 16, 1000])
         elif kind == 7:  # node order
             order = list(m.graph.node)
             rng.shuffle(order)
@@ -180,6 +452,12 @@ def mutate_structure(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelPr
             if node.output and names:
                 node.output[0] = rng.choice(names)
             node.name = rng.choice([n.name for n in nodes])
+        elif kind == 11:  # the value of a Constant (an ATen argument)
+            constants = [n for n in nodes if n.op_type == "Constant" and n.attribute]
+            if constants:
+                target = rng.choice(constants)
+                del target.attribute[:]
+                target.attribute.append(helper.make_attribute("value", _random_tensor(rng)))
         else:  # graph-level damage
             if m.graph.output and rng.random() < 0.5:
                 m.graph.output[0].name = rng.choice(["", "missing", "theta"])
@@ -218,21 +496,56 @@ def make_mutants(count: int, seed: int) -> list[bytes]:
     return mutants
 
 
+def describe(model: onnx.ModelProto) -> str:
+    """A mutant in a few lines, for a bug report: opsets, typed inputs and outputs, and
+    every node (Constants with their values)."""
+    def typed(value: onnx.ValueInfoProto) -> str:
+        tensor = value.type.tensor_type
+        dims = ([d.dim_param or (d.dim_value if d.HasField("dim_value") else "?")
+                 for d in tensor.shape.dim] if tensor.HasField("shape") else "unranked")
+        name = (TensorProto.DataType.Name(tensor.elem_type)
+                if tensor.elem_type in TensorProto.DataType.values() else tensor.elem_type)
+        return f"{value.name}: {name} {dims}"
+
+    lines = ["opsets " + ", ".join(f"{o.domain or '<default>'}:{o.version}"
+                                   for o in model.opset_import) + f"; ir {model.ir_version}"]
+    lines += ["in  " + typed(v) for v in model.graph.input]
+    lines += ["out " + typed(v) for v in model.graph.output]
+    for node in _nodes(model.graph):
+        attrs = []
+        for attr in node.attribute:
+            value = helper.get_attribute_value(attr)
+            if isinstance(value, TensorProto):
+                array = onnx.numpy_helper.to_array(value)
+                value = f"{array.dtype}{list(array.shape)} {array.tolist()!r:.60}"
+            elif isinstance(value, onnx.GraphProto):
+                value = f"<graph {value.name}>"
+            attrs.append(f"{attr.name}={value!r:.80}")
+        lines.append(f"node {node.name!r}: {node.domain or '<default>'}::{node.op_type}"
+                     f"({', '.join(node.input)}) -> ({', '.join(node.output)}) {' '.join(attrs)}")
+    return "\n".join(lines)
+
+
 # -- running --------------------------------------------------------------------------------
 
 
-def run_one(src: str, dst: str) -> str:
-    """decomposed | rejected; raises on anything else (a crash)."""
+def run_one(src: str, dst: str) -> tuple[str, str]:
+    """(decomposed | untouched | rejected, the refusal's class); raises on anything else
+    (a crash)."""
     import decomposer
 
     try:
         report = decomposer.decompose_file(src, dst)
-    except decomposer.DecomposerError:
-        return "rejected"
+    except decomposer.DecomposerError as exc:
+        # Exit 4 (PatternBugError: a pattern crashed; CheckFailedError: the result fails
+        # the checker) is decomposer admitting a bug, not a refusal of the input.
+        if exc.exit_code == 4:
+            raise
+        return "rejected", type(exc).__name__
     # decomposer promises full_check for what it rewrites, and the structural check for a
     # model it hands back untouched (nothing to rewrite).
     onnx.checker.check_model(dst, full_check=bool(report.replaced))
-    return "decomposed" if report.replaced else "untouched"
+    return ("decomposed" if report.replaced else "untouched"), ""
 
 
 def worker() -> None:
@@ -240,10 +553,43 @@ def worker() -> None:
     for line in sys.stdin:
         src = line.strip()
         try:
-            outcome, detail = run_one(src, src + ".out.onnx"), ""
+            outcome, detail = run_one(src, src + ".out.onnx")
         except BaseException as exc:  # the crash we are looking for
-            outcome, detail = "crash", f"{type(exc).__name__}: {str(exc)[:300]}"
+            kind = type(exc).__name__
+            if kind == "CheckFailedError":
+                kind += f"[{_triage(src)}]"
+            outcome, detail = "crash", f"{kind}: {str(exc)[:300]}{_where(exc)}"
         print(json.dumps({"outcome": outcome, "detail": detail}), flush=True)
+
+
+def _triage(src: str) -> str:
+    """Why a rewritten model failed the checker: "declared type" when the result infers
+    cleanly once the input's declared output and value_info types are dropped (the input
+    claimed a type its op's semantics contradict, e.g. after a dtype or rank mutation),
+    else "ill-typed" (the emitted subgraph is inconsistent in itself)."""
+    import decomposer
+
+    try:
+        out = decomposer.decompose(onnx.load(src), check=False)
+        del out.graph.value_info[:]
+        for value in out.graph.output:
+            value.ClearField("type")
+        onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
+    except Exception:  # noqa: BLE001
+        return "ill-typed"
+    return "declared type"
+
+
+def _where(exc: BaseException) -> str:
+    """" at file:line" of the innermost frame in decomposer's code (a pattern's, usually)
+    that raised ``exc`` or the exception it wraps."""
+    root = exc.__cause__ or exc
+    frames = [f for f in traceback.extract_tb(root.__traceback__)
+              if "/patterns/" in f.filename or "/decomposer/" in f.filename]
+    if not frames:
+        return ""
+    frame = frames[-1]
+    return f" at {Path(frame.filename).parent.name}/{Path(frame.filename).name}:{frame.lineno}"
 
 
 class Pool:
@@ -261,6 +607,8 @@ class Pool:
         return self.process
 
     def run(self, path: str, timeout: float) -> dict:
+        if self.process is None or self.process.poll() is not None:
+            timeout = max(timeout, 60.0)  # a fresh worker's first answer includes its imports
         process = self.start()
         assert process.stdin and process.stdout
         process.stdin.write(path + "\n")
@@ -282,27 +630,54 @@ class Pool:
             self.process.wait()
 
 
-def campaign(count: int, seed: int, timeout: float) -> tuple[Counter, list[dict]]:
+def campaign(count: int, seed: int, timeout: float,
+             keep: str | None = None) -> tuple[Counter, list[dict]]:
+    """Run ``count`` mutants; (outcome counts, every crash and hang). ``keep``: a folder
+    to save each crashing or hanging mutant in, as ``<seed>-<index>.onnx``."""
     counts: Counter = Counter()
     problems: list[dict] = []
+    labels = [label for label, _ in labelled_seeds()]
     pool = Pool()
-    # The first answer includes the worker's imports; give it room.
-    first_timeout = max(timeout, 60.0)
     with tempfile.TemporaryDirectory() as folder:
         try:
             for index, data in enumerate(make_mutants(count, seed)):
                 path = os.path.join(folder, f"m{index}.onnx")
                 Path(path).write_bytes(data)
-                result = pool.run(path, first_timeout if index == 0 else timeout)
+                result = pool.run(path, timeout)
                 counts[result["outcome"]] += 1
                 counts["mutants"] += 1
+                if result["outcome"] == "rejected":
+                    counts["rejected by " + result["detail"]] += 1
+                elif result["outcome"] in ("crash", "hang"):
+                    counts[f"{result['outcome']}: {result['detail'].split(':')[0]}"] += 1
                 if result["outcome"] in ("crash", "hang"):
-                    problems.append({"index": index, **result})
+                    problems.append({"index": index, "seed_model": labels[index % len(labels)],
+                                     **result})
+                    if keep:
+                        Path(keep).mkdir(parents=True, exist_ok=True)
+                        Path(keep, f"{seed}-{index}.onnx").write_bytes(data)
                 for leftover in Path(folder).glob(f"m{index}.*"):
                     leftover.unlink()
         finally:
             pool.close()
     return counts, problems
+
+
+def replay(paths: list[str], timeout: float) -> list[dict]:
+    """Run saved mutants (``--keep``) again, e.g. to see which findings a fix closed."""
+    results = []
+    pool = Pool()
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            for index, source in enumerate(paths):
+                path = os.path.join(folder, f"r{index}.onnx")
+                Path(path).write_bytes(Path(source).read_bytes())
+                results.append({"path": source, **pool.run(path, timeout)})
+                for leftover in Path(folder).glob(f"r{index}.*"):
+                    leftover.unlink()
+        finally:
+            pool.close()
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -311,19 +686,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=10.0)
     parser.add_argument("--json")
+    parser.add_argument("--keep", metavar="DIR", help="save crashing and hanging mutants here")
+    parser.add_argument("--describe", metavar="MODEL", help="print a saved mutant and exit")
+    parser.add_argument("--replay", metavar="MODEL", nargs="+",
+                        help="run saved mutants again (no campaign) and print their outcomes")
+    parser.add_argument("--check-seeds", action="store_true",
+                        help="only check that every seed decomposes cleanly")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker()
         return 0
+    if args.describe:
+        print(describe(onnx.load(args.describe)))
+        return 0
+    if args.replay:
+        results = replay(args.replay, args.timeout)
+        for result in results:
+            print(f"{result['path']}: {result['outcome']} {result['detail']}")
+        return 1 if any(r["outcome"] in ("crash", "hang") for r in results) else 0
+    if args.check_seeds:
+        problems_found = check_seeds()
+        print(f"{len(labelled_seeds())} seeds, {len(problems_found)} problem(s)")
+        for line in problems_found:
+            print(f"  {line}")
+        return 1 if problems_found else 0
     start = time.perf_counter()
-    counts, problems = campaign(args.count, args.seed, args.timeout)
+    counts, problems = campaign(args.count, args.seed, args.timeout, args.keep)
     elapsed = time.perf_counter() - start
     print(f"mutants {counts['mutants']}, decomposed {counts['decomposed']}, "
           f"untouched {counts['untouched']}, rejected {counts['rejected']}, "
           f"crashes {counts['crash']}, hangs {counts['hang']} ({elapsed:.0f} s)")
+    for prefix in ("rejected by ", "crash: ", "hang: "):
+        found = [f"{key[len(prefix):]} {value}" for key, value in sorted(counts.items())
+                 if key.startswith(prefix)]
+        if found:
+            print(f"  {prefix.strip(' :')}: " + ", ".join(found))
     for problem in problems[:20]:
-        print(f"  mutant {problem['index']}: {problem['outcome']}: {problem['detail']}")
+        print(f"  mutant {problem['index']} (of {problem['seed_model']}): "
+              f"{problem['outcome']}: {problem['detail']}")
     if args.json:
         Path(args.json).write_text(json.dumps({"counts": dict(counts), "problems": problems},
                                               indent=2))

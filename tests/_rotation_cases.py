@@ -1,6 +1,9 @@
-"""Cases shared by the two rotation pattern tests: shapes, k values, dtypes, the oracle."""
+"""Cases shared by the two rotation pattern tests: shapes, k values, dtypes, the oracle, and
+the node counts each form is expected to have."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import onnx
@@ -37,3 +40,30 @@ def torch_rot_scale(x: np.ndarray, k: int, dims, scale: float) -> np.ndarray:
         return rotated.numpy()
     factor = int(scale) if not rotated.is_floating_point() else scale
     return (rotated * factor).numpy()
+
+
+# One row flip: n = Gather(Shape(x), -2); index = (n - 1) - Range(0, n, 1); Gather(x, index).
+FLIP = Counter({"Shape": 1, "Gather": 2, "Sub": 2, "Range": 1})
+
+
+def expected_ops(turns: int, scaled: bool, target: str = "portable") -> Counter:
+    """Non-Constant node counts of a decomposed rotation by ``turns`` (0..3) quarter turns."""
+    ops: Counter = Counter()
+    if turns in (1, 3):
+        ops = FLIP + Counter({"Transpose": 1})
+    elif turns == 2:
+        ops = Counter({"Slice": 1}) if target == "ort" else \
+            FLIP + FLIP + Counter({"Transpose": 2})
+    if scaled:
+        ops["Mul"] += 1
+    elif turns == 0:
+        ops["Identity"] += 1
+    return ops
+
+
+def negative_step_slices(model: onnx.ModelProto) -> list[str]:
+    """Names of Slice nodes whose steps input is a Constant holding a negative value."""
+    constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
+                 for n in model.graph.node if n.op_type == "Constant"}
+    return [n.name for n in model.graph.node if n.op_type == "Slice" and len(n.input) > 4
+            and (constants.get(n.input[4]) is None or (constants[n.input[4]] < 0).any())]

@@ -88,21 +88,25 @@ def feeds_for(model: onnx.ModelProto, size, dtype, rng) -> dict[str, np.ndarray]
     return feeds
 
 
-def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True) -> Counter:
-    """The factored form: only the last op is output-sized; nothing is baked or looped."""
-    ops = Counter({"Cast": 1, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1,
-                   "MatMul": 1})
-    if k == 2 and dtype != np.float64:
-        # L = (y, 1) as the weight of a 1x1 Conv over R: writes (N, H, W, 2) directly.
-        ops.update({"Unsqueeze": 3, "Mul": 1, "Add": 1, "Pad": 1, "Conv": 1})
+def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
+                 target: str = "portable") -> Counter:
+    """The factored form: only the last Mul and Add (target ort, 2-D float32: one Conv) are
+    output-sized; nothing is baked or looped. Shape nodes are not counted."""
+    # coords per axis: Gather, Sub (1 - n), an integer Range, Cast (steps and n), Div;
+    # theta: Transpose, Unsqueeze, a Slice per column; R_c = x * a + t; R_y = Expand(b).
+    ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1,
+                   "Unsqueeze": 2, "Slice": k + 1, "Mul": 1, "Add": 1, "Expand": 1})
+    if k == 2 and target == "ort" and dtype != np.float64:
+        # L = (y, 1) as the weight of a 1x1 Conv over R = [R_y; R_c]: writes (N, H, W, 2).
+        ops.update({"Concat": 1, "Unsqueeze": 1, "Pad": 1, "Conv": 1})
         if not size_fed:  # Slice/Concat keep the weight from being constant-folded
             ops.update({"Slice": 1, "Concat": 1})
     elif k == 2:
-        # No float64 Conv kernel in ONNX Runtime: L @ R, then Reshape.
-        ops.update({"Unsqueeze": 3, "Mul": 1, "Add": 1, "Pad": 1, "MatMul": 1, "Reshape": 2})
+        # Portable (and float64, which has no Conv kernel): y * R_y + R_c.
+        ops.update({"Unsqueeze": 1, "Mul": 1, "Add": 1})
     else:
         # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
-        ops.update({"Unsqueeze": 4, "Mul": 3, "Add": 3, "Split": 1})
+        ops.update({"Expand": 1, "Unsqueeze": 2, "Mul": 2, "Add": 2})
     if align:
         ops.update({"Sub": k, "Max": k})
     if dtype == np.float16:
@@ -193,6 +197,31 @@ def test_dtypes(dtype, opset, k, align):
     # float16 is computed in float32 and rounded once: within one float16 ulp near 2.
     assert_matches_torch(out, RUNTIME_SIZES[k], align, dtype,
                          atol=2e-3 if dtype == np.float16 else 1e-10)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("size_mode", ["input", "shape", "constant"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_target_ort_forms(opset, k, size_mode, dtype):
+    """--target ort: the 2-D float32 grid comes from a 1x1 Conv (kept dynamic unless size is
+    fed); everything else is the portable form."""
+    size = RUNTIME_SIZES[k][0]
+    model = affine_model(opset=opset, k=k, size_mode=size_mode, const_size=size, dtype=dtype)
+    out = decomposer.decompose(model, target="ort")
+    onnx.checker.check_model(out, full_check=True)
+    assert decomposed_ops(out) == expected_ops(k, 0, dtype, size_fed=size_mode == "input",
+                                               target="ort")
+    sizes = [size] if size_mode == "constant" else RUNTIME_SIZES[k]
+    assert_matches_torch(out, sizes, 0, dtype, atol=1e-5 if dtype == np.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+@pytest.mark.parametrize("size_mode", ["input", "constant"])
+def test_portable_form_has_no_conv_and_no_fold_barrier(k, size_mode):
+    model = affine_model(k=k, size_mode=size_mode, const_size=RUNTIME_SIZES[k][0])
+    kinds = set(decomposed_ops(decomposer.decompose(model)))
+    assert not kinds & {"Conv", "ConvTranspose", "Concat"}, kinds
 
 
 def test_align_corners_defaults_to_zero():
@@ -327,3 +356,17 @@ def test_aten_with_runtime_align_corners_is_rejected():
     model.graph.node.remove(next(n for n in model.graph.node if n.name == "align_const"))
     model.graph.input.append(helper.make_tensor_value_info("align", TensorProto.BOOL, []))
     assert "align_corners (input 3) must be a constant" in _rejection(model)
+
+
+@pytest.mark.parametrize("opset", [11, 18])
+def test_int32_size(opset):
+    """An int32 size gives an int32 Range (TensorRT's preferred index type)."""
+    model = affine_model(opset=opset, k=2, align=1)
+    model.graph.input[1].type.tensor_type.elem_type = TensorProto.INT32
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    rng = np.random.default_rng(5)
+    for size in RUNTIME_SIZES[2]:
+        theta = rng.uniform(-1, 1, (size[0], 2, 3)).astype(np.float32)
+        (grid,) = run_onnxruntime(out, {"theta": theta, "size": np.array(size, np.int32)})
+        np.testing.assert_allclose(grid, torch_grid(theta, size, 1), atol=1e-6, rtol=0)

@@ -16,7 +16,15 @@ from decomposer.patterns.custom_rot_scale import CustomRotScale
 from decomposer.testing import check_pattern
 
 from _helpers import make_model, run_onnxruntime
-from _rotation_cases import KS, OPSETS, case, inputs, torch_rot_scale
+from _rotation_cases import (
+    KS,
+    OPSETS,
+    case,
+    expected_ops,
+    inputs,
+    negative_step_slices,
+    torch_rot_scale,
+)
 from seed_models import export_rotate_scale
 
 DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
@@ -68,8 +76,10 @@ def test_seed_article_module_exported_as_written(tmp_path):
     assert (node.domain, node.op_type) == ("", "CustomRotScale")
     out = decomposer.decompose(original)
     onnx.checker.check_model(out, full_check=True)
-    assert Counter(n.op_type for n in out.graph.node if n.op_type != "Constant") == Counter(
-        {"Slice": 1, "Mul": 1})  # k=2 is a double flip; no Transpose
+    # k=2 is a double flip: rows, then columns as swap/rows/swap; no negative-step Slice.
+    assert Counter(n.op_type for n in out.graph.node if n.op_type != "Constant") == \
+        expected_ops(2, scaled=True)
+    assert not negative_step_slices(out)
     for shape in [(1, 3, 224, 224), (2, 3, 5, 9)]:
         (x,) = inputs(shapes=[shape])[0]
         # The static export fixes the input shape; run the graph on the shape it declares.

@@ -1,0 +1,293 @@
+"""cummax / cummin (torch.cummax, torch.cummin): running extreme and its index, two outputs.
+
+Matches:
+- torch's fallbacks ``org.pytorch.aten::cummax(x, dim)`` / ``cummin`` and
+  ``ATen(operator="cummax" | "cummin")``, two outputs (values, indices), ``dim`` a constant
+  int64 input;
+- ``CumMax(x; dim:int)`` and ``CumMin(x; dim:int)`` in any domain, two outputs.
+
+Semantics are exactly torch's CPU kernel: walking along ``dim``, the running value is
+replaced by the current element when the current element is NaN, or when the running value
+is not NaN and ``current >= running`` (cummax; ``<=`` for cummin). So on ties the index is
+the LAST equal element, a NaN wins from the moment it appears and later NaNs take over its
+index, and ``values == x[indices]`` bit for bit (signed zeros and NaN payloads included).
+Indices are int64. Equivalently the index at i is the lexicographic arg-max over j <= i of
+(is NaN, value, j) (cummin: arg-min of the value, same NaN and tie rules).
+
+Before -> after: three doubling scans (Hillis-Steele: steps s = 1, 2, 4, ... < n), each
+step one Pad that shifts by s (s fill elements in front, a negative pad of s at the end)
+and one elementwise Max (Min for cummin); a dynamic length shifts with Slice + Concat::
+
+    key = x in an exact key type (float32/64 and int64 as is, float16, bfloat16 and
+          small ints -> float32, int32 -> float64), NaN -> -inf (cummin: +inf)
+    running     = scan_max(key)                                   # the running extreme
+    last_record = scan_max(key == running ? position : -1)        # ties: the later wins
+    last_nan    = scan_max(IsNaN(x) ? position : -1)              # float inputs only
+    indices = Cast(last_nan >= 0 ? last_nan : last_record, int64)
+    values  = GatherElements(x, indices)                          # bit-exact
+
+That is 4 nodes per step (6 for floats) and O(n log n) work, never an (n x n) table: the
+(n x n) mask-and-reduce form (``scripts/bench_aten.py``, variant ``mask``) is slower from
+n = 4 on and O(n^2) in memory; carrying (value, index) pairs through one scan with
+Greater + Where is slower too (variant ``pair_scan``). Positions scan as float32 (float64
+past 2**24). int64 keys are compared with Greater/Less + Where (no int64 Max/Min kernel
+below opset 12).
+
+Envelope: opsets 11+, the dtypes torch's cummax takes (bool, uint8, int8, int16, int32,
+int64, float16, bfloat16, float32, float64), any rank >= 0 (known), any dim, every dim
+dynamic. A static length n along ``dim`` gives ceil(log2 n) steps; a dynamic one gets the
+31 steps of the longest supported length, 2**31 (about 160 nodes for floats, most of them
+no-ops at run time for short inputs: 4x slower than a static length at n = 16, on par at
+n = 256), each shift Slices + a Concat instead of one Pad (a shift may pass the end).
+Empty tensors give empty outputs, as in torch. ``dim`` must be a constant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+MAX_RANK = 64
+DYNAMIC_SCAN_BITS = 31  # a scan over a dynamic length gets the steps of length 2**31
+
+_FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE}
+# The key type the running extreme is scanned in: it holds every value of the input type
+# exactly, and Pad, Max/Min and Equal have ONNX Runtime kernels for it at every opset
+# (int64 has no Max/Min kernel below opset 12: it is compared with Greater/Less + Where;
+# float16 has few kernels, ONNX Runtime would insert float32 casts around each op anyway).
+_KEY_TYPE: dict[int, Any] = {
+    TensorProto.FLOAT16: np.float32, TensorProto.BFLOAT16: np.float32,
+    TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64,
+    TensorProto.BOOL: np.float32, TensorProto.INT8: np.float32, TensorProto.UINT8: np.float32,
+    TensorProto.INT16: np.float32, TensorProto.INT32: np.float64, TensorProto.INT64: np.int64,
+}
+
+
+class CumFacts(NamedTuple):
+    axis: int  # normalised to 0..rank-1 (0 for a scalar)
+    rank: int
+    length: int | None  # static length along axis, or None
+    elem_type: int
+    shape: tuple[int | str | None, ...]
+
+
+class _CumExtreme(Pattern):
+    """Shared check/build/reference of the cummax and cummin spellings."""
+
+    largest: bool = True  # cummax; False for cummin
+    num_outputs = 2
+    attributes = {"dim": Attr("int", doc="the axis to scan, negative counts from the end")}
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> CumFacts:
+        if len(node.outputs) != 2:
+            raise Reject(f"expected 2 outputs (values, indices), got {len(node.outputs)}")
+        if node.form == "aten":
+            if len(node.inputs) != 2 or not all(node.inputs):
+                raise Reject(f"expected 2 inputs (self, dim), got {len(node.inputs)}")
+            value = ctx.constant(node.inputs[1])
+            if value is None:
+                raise Reject(f"dim (input '{node.inputs[1]}') must be a constant")
+            if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+                raise Reject(f"dim must be one integer, got {value.dtype} of shape "
+                             f"{value.shape}")
+            dim = int(value.reshape(()))
+        else:
+            if len(node.inputs) != 1 or not node.inputs[0]:
+                raise Reject(f"expected 1 input, got {len(node.inputs)}")
+            dim = int(node.attrs["dim"])
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        if shape is None:
+            raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
+                         "or value_info")
+        rank = len(shape)
+        if rank > MAX_RANK:
+            raise Reject(f"input '{x}' has rank {rank}; ranks above {MAX_RANK} are refused")
+        if not -max(rank, 1) <= dim < max(rank, 1):
+            raise Reject(f"dim {dim} is out of range for rank {rank}")
+        elem_type = ctx.elem_type(x)
+        if elem_type not in _KEY_TYPE:
+            name = "unknown" if elem_type is None else \
+                TensorProto.DataType.Name(elem_type).lower()
+            raise Reject(f"element type {name} is not supported (torch's cummax/cummin take "
+                         "bool, int8/16/32/64, uint8, float16, bfloat16, float32, float64)")
+        axis = dim % rank if rank else 0
+        length: int | None = 1  # a scalar is a length-1 scan
+        if rank:
+            static = shape[axis]
+            length = static if isinstance(static, int) else None
+        return CumFacts(axis, rank, length, elem_type, tuple(shape))
+
+    def build(self, b: Builder, node: MatchedNode, facts: CumFacts) -> None:
+        x = b.input(node.inputs[0], facts.elem_type)
+        values_out, indices_out = node.outputs
+        if facts.length is not None and facts.length <= 1:  # x itself, index 0
+            if values_out:
+                b.Identity(x, hint="values", out=values_out)
+            if indices_out:
+                b.ConstantOfShape(b.Shape(x), 0, np.int64, hint="indices", out=indices_out)
+            return
+        axis, n = facts.axis, facts.length
+        key_type = _KEY_TYPE[facts.elem_type]
+        key = x if key_type == x.dtype else b.Cast(x, key_type, hint="key")
+        beyond = _beyond(key_type, self.largest)  # beats nothing: the fill of every shift
+        # Positions are exact in float32 below 2**24.
+        position_type = np.float32 if n is not None and n < 2**24 else np.float64
+        positions = _positions(b, x, facts, position_type)
+        no_position = position_type(-1)
+        is_nan = None
+        if facts.elem_type in _FLOATS:
+            # NaN takes over whenever it appears: scan where the last NaN was, and keep NaNs
+            # out of the running extreme (a NaN key becomes the fill, which beats nothing).
+            is_nan = b.IsNaN(x, hint="is_nan")
+            key = b.Where(is_nan, beyond, key, hint="key_without_nan")
+            last_nan = self._scan(b, b.Where(is_nan, positions, no_position, hint="nan_at"),
+                                  facts, True, no_position, "last_nan", positions)
+        running = self._scan(b, key, facts, self.largest, beyond, "running", positions)
+        # A record is where the running extreme equals the element (ties included: the later
+        # one wins); the index at i is the last record at or before i.
+        record = b.Where(b.Equal(key, running, hint="is_record"), positions, no_position,
+                         hint="record_at")
+        last_record = self._scan(b, record, facts, True, no_position, "last_record",
+                                 positions)
+        index = last_record
+        if is_nan is not None:
+            index = b.Where(b.Less(last_nan, position_type(0), hint="no_nan_yet"),
+                            last_record, last_nan, hint="index_float")
+        index = b.Cast(index, np.int64, hint="indices", out=indices_out or None)
+        if values_out:
+            # Gathered, not scanned: bit-exact (ONNX Runtime's Where would turn a -0.0 taken
+            # from its then-branch into +0.0).
+            b.GatherElements(x, index, axis, hint="values", out=values_out)
+
+    @staticmethod
+    def _scan(b: Builder, t: Value, facts: CumFacts, largest: bool, fill: Any, hint: str,
+              positions: Value) -> Value:
+        """Inclusive running max (or min) of t along the axis: doubling steps, each one
+        shift by s (see ``_shifted``) and one elementwise Max/Min."""
+        fills: dict[Any, Value] = {}
+        for shift in _doublings(facts.length):
+            if t.dtype == np.int64:
+                # No int64 Max/Min kernel below opset 12: Greater/Less + Where. The shifted-in
+                # elements are masked out rather than filled with INT64_MIN/MAX, which
+                # OpenVINO 2026.4 wraps to int32 in Pad (measured: wrong results).
+                earlier = _shifted(b, t, shift, facts, np.int64(0), f"{hint}_earlier{shift}",
+                                   fills)
+                beats = (b.Greater(earlier, t, hint=f"{hint}_beats{shift}") if largest
+                         else b.Less(earlier, t, hint=f"{hint}_beats{shift}"))
+                beats = b.And(beats, b.Greater(positions, shift - 0.5,
+                                               hint=f"{hint}_has_earlier{shift}"),
+                              hint=f"{hint}_takes{shift}")
+                t = b.Where(beats, earlier, t, hint=f"{hint}{shift}")
+                continue
+            earlier = _shifted(b, t, shift, facts, fill, f"{hint}_earlier{shift}", fills)
+            t = (b.Max if largest else b.Min)(t, earlier, hint=f"{hint}{shift}")
+        return t
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: CumFacts
+                     ) -> list[OutputType]:
+        return [(facts.elem_type, facts.shape), (TensorProto.INT64, facts.shape)]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        dim = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 else int(attrs["dim"])
+        return list(cumulative_extreme_reference(inputs[0], dim, self.largest))
+
+
+def _beyond(key_type: Any, largest: bool) -> Any:
+    """The key value no element beats: the lowest for cummax, the highest for cummin."""
+    dtype = np.dtype(key_type)
+    if dtype.kind == "f":
+        return dtype.type(-np.inf if largest else np.inf)
+    info = np.iinfo(dtype)
+    return dtype.type(info.min if largest else info.max)
+
+
+def _doublings(n: int | None) -> list[int]:
+    """1, 2, 4, ... below n: the shifts of a doubling (Hillis-Steele) scan of length n. A
+    dynamic length gets the shifts of the longest one supported; the shifts past the actual
+    length only move fill values in, which change nothing."""
+    longest = 2**DYNAMIC_SCAN_BITS if n is None else n
+    return [1 << k for k in range(max(longest - 1, 0).bit_length())]
+
+
+def _shifted(b: Builder, t: Value, shift: int, facts: CumFacts, fill: Any, hint: str,
+             fills: dict[Any, Value]) -> Value:
+    """t moved ``shift`` places later along the axis, ``fill`` shifted in.
+
+    A static length (shift < n) is one Pad: ``shift`` in front, ``-shift`` (a negative pad)
+    at the end. A dynamic length may be shorter than the shift: a negative pad larger than
+    the dim crashes OpenVINO 2026.4 (memory corruption, measured), a positive one as large
+    as 2**30 would allocate that much, and TVM cannot Pad by a run-time amount. There it is
+    Concat(fill[:shift], t[:-shift]), static Slice bounds that clamp to the length, with the
+    fill a tensor of x's shape made once per fill value (``fills``)."""
+    rank, axis = facts.rank, facts.axis
+    if facts.length is not None:
+        pads = [0] * (2 * rank)
+        pads[axis], pads[rank + axis] = shift, -shift
+        return b.Pad(t, pads, fill, hint=hint)
+    key = (np.dtype(type(fill)).str, float(fill))
+    if key not in fills:
+        fills[key] = b.ConstantOfShape(b.Shape(t, hint=f"{hint}_shape"), fill, type(fill),
+                                       hint=f"{hint}_fill")
+    front = b.Slice(fills[key], [0], [shift], [axis], hint=f"{hint}_front")
+    kept = b.Slice(t, [0], [-shift], [axis], hint=f"{hint}_kept")
+    return b.Concat(front, kept, axis=axis, hint=hint)
+
+
+def _positions(b: Builder, x: Value, facts: CumFacts, dtype: Any) -> Value:
+    """0, 1, ..., n-1 along the scanned axis, in ``dtype``: unit dims elsewhere for a
+    static length, x's shape for a dynamic one."""
+    axis, rank, n = facts.axis, facts.rank, facts.length
+    if n is not None:
+        return b.const(np.arange(n, dtype=dtype).reshape(
+            [n if a == axis else 1 for a in range(rank)]), hint="positions")
+    # Counted along the axis over x's own shape rather than a Range of the length: TVM
+    # (Relax, 0.27) loses the shape of a Range with a run-time limit, and then cannot Pad.
+    ones = b.ConstantOfShape(b.Shape(x, hint="x_shape"), 1, dtype, hint="ones")
+    return b.CumSum(ones, axis, exclusive=True, hint="positions")
+
+
+def cumulative_extreme_reference(x: np.ndarray, dim: int, largest: bool
+                                 ) -> tuple[np.ndarray, np.ndarray]:
+    """numpy reference: torch's sequential loop, written out (independent of the build)."""
+    x = np.asarray(x)
+    if x.ndim == 0:
+        return x.copy(), np.zeros((), np.int64)
+    moved = np.moveaxis(x, dim, -1)
+    values = np.empty_like(moved)
+    indices = np.empty(moved.shape, np.int64)
+    is_float = np.issubdtype(x.dtype, np.floating)
+    for row in np.ndindex(*moved.shape[:-1]):
+        line = moved[row]
+        if not line.size:
+            continue
+        best, best_index = line[0], 0
+        for i, current in enumerate(line):
+            current_nan = bool(is_float and np.isnan(current))
+            best_nan = bool(is_float and np.isnan(best))
+            if current_nan or (not best_nan and (current >= best if largest
+                                                 else current <= best)):
+                best, best_index = current, i
+            values[row + (i,)] = best
+            indices[row + (i,)] = best_index
+    return np.moveaxis(values, -1, dim), np.moveaxis(indices, -1, dim)
+
+
+class CumMax(_CumExtreme):
+    op_type = "CumMax"
+    aten_operator = "cummax"
+    largest = True
+
+
+class CumMin(_CumExtreme):
+    op_type = "CumMin"
+    aten_operator = "cummin"
+    largest = False
+
+
+PATTERNS = [CumMax(), CumMin()]

@@ -1,0 +1,686 @@
+"""GridSample (torch F.grid_sample semantics) as coordinate math plus one GatherElements.
+
+Matches:
+- ``GridSample(X, grid; mode:string="bilinear", padding_mode:string="zeros",
+  align_corners:int=0)`` in any domain, with opset 16's mode names (``bilinear``,
+  ``nearest``, ``bicubic``) or opset 20's (``linear``, ``cubic``), and in the default domain
+  where the model's opset does not define it (below 16: at 16+ the engine never offers it);
+- torch's fallbacks ``org.pytorch.aten::grid_sampler(X, grid, mode, padding_mode,
+  align_corners)`` and ``ATen(operator="grid_sampler")``, whose last three inputs are
+  constants (int mode 0 bilinear / 1 nearest / 2 bicubic; int padding 0 zeros / 1 border /
+  2 reflection; bool align_corners);
+- OpenMMLab's ``mmcv::grid_sampler(X, grid; interpolation_mode:int=0, padding_mode:int=0,
+  align_corners:int=0)`` (same integer codes), in any domain.
+
+Semantics are exactly ``torch.nn.functional.grid_sample`` (its CPU kernels):
+- X (N, C, H, W), grid (N, Ho, Wo, 2) -> (N, C, Ho, Wo); bilinear, nearest, bicubic;
+- X (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo); bilinear, nearest;
+- grid[..., 0] indexes W, grid[..., 1] H, grid[..., 2] D; padding zeros/border/reflection;
+- the coordinate is unnormalized as torch does, ``(g + 1) * ((n - 1) / 2)`` (align_corners)
+  or ``(g + 1) * (n / 2) - 0.5``; border clips it to [0, n-1]; reflection reflects it, then
+  clips; nearest rounds half to even AFTER reflecting (as torch; ONNX Runtime's own kernel
+  differs at exact ties); bicubic (A = -0.75) pads each of its 4x4 taps, not the coordinate.
+- NaN in the grid never crashes, and gives what torch's CPU kernels give: 2-D zeros padding
+  NaN (bilinear, bicubic) or 0 (nearest); 2-D border/reflection sample coordinate 0 on that
+  axis; 3-D zeros padding 0; 3-D border/reflection sample coordinate n-1 on that axis;
+  bicubic is NaN for every padding. +-inf behaves like a far out-of-range coordinate.
+
+Before -> after (2-D bilinear; every axis alike, T taps per axis)::
+
+    GridSample(X, grid)  ->  gx, gy = Split(grid)                         # (N, 1, 1, 1, Ho, Wo)
+                             u = unnormalize(g); padding(u)
+                             taps = Floor(u) + [0, 1];  w = |[1, 0] - (u - Floor(u))|
+                             zeros: valid = taps in [0, n-1]; w *= valid; taps = valid ? taps : 0
+                             index = ty * W + tx;  weight = wy * wx     # (N, 1, 2, 2, Ho, Wo)
+                             G = GatherElements(X as (N, C, H*W), Expand(index over C))
+                             Y = ReduceSum(G as (N, C, 4, Ho, Wo) * weight, axis 2)
+
+Nearest gathers one tap (zeros padding: Where(valid, G, 0)); bicubic gathers 4x4 taps.
+Everything before the GatherElements is point-sized (N x Ho x Wo x taps), not
+channel-sized; the flat index is int64, exact for any size.
+
+Envelope: opsets 11+; X and grid float16/32/64 (float16 computes in float32 and rounds
+once; mixed types compute in the wider one); every dim dynamic (batch, channels, input and
+output spatial sizes). The spatial rank is read from X's or the grid's static rank (and must
+agree with the grid's last dim when that is static). Memory: the gathered taps take
+T x the output (T = 4 bilinear, 16 bicubic, 8 trilinear) plus an int64 index of the same
+count.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+MODES = ("bilinear", "nearest", "bicubic")  # torch's integer codes 0, 1, 2
+PADDINGS = ("zeros", "border", "reflection")  # torch's integer codes 0, 1, 2
+_MODE_ALIASES = {"linear": "bilinear", "cubic": "bicubic"}  # GridSample-20 spellings
+_FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+CUBIC_A = -0.75  # torch's cubic convolution constant (UpSampleBicubic2d)
+TAP_OFFSETS = {"nearest": (0,), "bilinear": (0, 1), "bicubic": (-1, 2, 0, 1)}
+# Channel chunking (static C only): measured on ONNX Runtime 1.32, 1 thread.
+MIN_CHUNKED_CHANNELS = 8
+CHUNK_CHANNELS = 2
+MAX_CHUNKS = 16
+INT32_LIMIT = 2**31 - 1  # flat indices are int32 while the spatial size fits
+
+
+class Facts(NamedTuple):
+    mode: str  # one of MODES
+    padding: str  # one of PADDINGS
+    align_corners: bool
+    spatial_rank: int  # 2 or 3
+    x_type: int  # ONNX element type of X (and of the output)
+    grid_type: int  # ONNX element type of the grid
+    compute_type: int  # FLOAT or DOUBLE: what the coordinates and the sum are computed in
+    channels: int | None  # static C, or None
+    wide_index: bool  # int64 flat indices (the static spatial size needs them)
+    pad_input: bool  # zeros padding spelled as a zero border on the input (few channels)
+
+
+def _normalize_mode(value: Any) -> Any:
+    if isinstance(value, str):
+        value = value.strip().lower()
+        return _MODE_ALIASES.get(value, value)
+    return value
+
+
+def _normalize_name(value: Any) -> Any:
+    return value.strip().lower() if isinstance(value, str) else value
+
+
+class GridSampleBase(Pattern):
+    """Shared check, build, output types and reference; subclasses read the options."""
+
+    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
+        """(mode, padding, align_corners) of ``node``; raises Reject."""
+        raise NotImplementedError
+
+    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
+        """(mode, padding, align_corners) from plain attribute values (the reference)."""
+        raise NotImplementedError
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        expected_inputs = 5 if node.form == "aten" else 2
+        if len(node.inputs) != expected_inputs or not all(node.inputs):
+            raise Reject(f"expected {expected_inputs} inputs, got {len(node.inputs)}")
+        if len(node.outputs) != 1:
+            raise Reject(f"expected 1 output, got {len(node.outputs)}")
+        mode, padding, align = self.options(node, ctx)
+        x, grid = node.inputs[0], node.inputs[1]
+        x_type, grid_type = ctx.elem_type(x), ctx.elem_type(grid)
+        if x_type is None:
+            raise Reject(f"the element type of input '{x}' is unknown; give it a typed graph "
+                         "input or value_info")
+        grid_type = grid_type or x_type
+        for label, elem_type in (("input", x_type), ("grid", grid_type)):
+            if elem_type not in _FLOAT_TYPES:
+                raise Reject(f"{label} must be float16, float32 or float64, got "
+                             f"{TensorProto.DataType.Name(elem_type).lower()}")
+        k = _spatial_rank(x, grid, ctx)
+        if k == 3 and mode == "bicubic":
+            raise Reject("bicubic needs a 4-D input (torch has no 3-D bicubic)")
+        compute = TensorProto.DOUBLE if TensorProto.DOUBLE in (x_type, grid_type) \
+            else TensorProto.FLOAT
+        x_shape = ctx.shape(x)
+        channels = x_shape[1] if x_shape is not None and isinstance(x_shape[1], int) else None
+        spatial = x_shape[2:] if x_shape is not None else ()
+        static = [d for d in spatial if isinstance(d, int)]
+        wide = len(static) == k and math.prod(static) > INT32_LIMIT
+        pad_input = padding == "zeros" and channels is not None \
+            and channels < MIN_CHUNKED_CHANNELS
+        return Facts(mode, padding, align, k, x_type, grid_type, compute, channels, wide,
+                     pad_input)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        build_grid_sample(b, node.inputs[0], node.inputs[1], node.outputs[0], facts)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        k = facts.spatial_rank
+        x_shape = ctx.shape(node.inputs[0])
+        grid_shape = ctx.shape(node.inputs[1])
+        batch = x_shape[0] if x_shape else (grid_shape[0] if grid_shape else None)
+        channels = x_shape[1] if x_shape else None
+        spatial = list(grid_shape[1:1 + k]) if grid_shape else [None] * k
+        return [(facts.x_type, [batch, channels, *spatial])]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        x, grid = inputs[0], inputs[1]
+        if len(inputs) == 5:  # the ATen forms: options are inputs 3-5
+            codes = [np.asarray(v).reshape(()).item() for v in inputs[2:5]]
+            mode, padding, align = _from_codes(*codes)
+        else:
+            mode, padding, align = self.options_from_attrs(attrs)
+        return [grid_sample_reference(x, grid, mode, padding, align)]
+
+
+class GridSample(GridSampleBase):
+    """``GridSample`` (opset-16/20 attribute spellings) and torch's ``grid_sampler``."""
+
+    op_type = "GridSample"
+    aten_operator = "grid_sampler"
+    attributes = {
+        "mode": Attr("string", default="bilinear", choices=MODES, normalize=_normalize_mode,
+                     doc="bilinear|linear, nearest, bicubic|cubic"),
+        "padding_mode": Attr("string", default="zeros", choices=PADDINGS,
+                             normalize=_normalize_name, doc="zeros, border, reflection"),
+        "align_corners": Attr("int", default=0, choices=(0, 1),
+                              doc="1: -1 and 1 are the centers of the corner pixels"),
+    }
+
+    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
+        if node.form != "aten":
+            return (node.attrs["mode"], node.attrs["padding_mode"],
+                    bool(node.attrs["align_corners"]))
+        codes = []
+        for position, label in ((2, "mode"), (3, "padding_mode"), (4, "align_corners")):
+            value = ctx.constant(node.inputs[position])
+            if value is None or value.size != 1:
+                raise Reject(f"{label} (input {position + 1}) must be a constant scalar")
+            if value.dtype.kind not in "iub":
+                raise Reject(f"{label} (input {position + 1}) must be an integer or bool, got "
+                             f"{value.dtype}")
+            codes.append(int(value.reshape(()).item()))
+        return _from_codes(*codes)
+
+    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
+        parsed = {name: spec.coerce(name, attrs.get(name))
+                  for name, spec in self.attributes.items()}
+        return parsed["mode"], parsed["padding_mode"], bool(parsed["align_corners"])
+
+
+class MmcvGridSampler(GridSampleBase):
+    """OpenMMLab's ``mmcv::grid_sampler`` (integer option codes as attributes)."""
+
+    op_type = "grid_sampler"
+    attributes = {
+        "interpolation_mode": Attr("int", default=0, choices=(0, 1, 2),
+                                   doc="0 bilinear, 1 nearest, 2 bicubic"),
+        "padding_mode": Attr("int", default=0, choices=(0, 1, 2),
+                             doc="0 zeros, 1 border, 2 reflection"),
+        "align_corners": Attr("int", default=0, choices=(0, 1),
+                              doc="1: -1 and 1 are the centers of the corner pixels"),
+    }
+
+    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
+        return self.options_from_attrs(node.attrs)
+
+    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
+        parsed = {name: spec.coerce(name, attrs.get(name))
+                  for name, spec in self.attributes.items()}
+        return _from_codes(parsed["interpolation_mode"], parsed["padding_mode"],
+                           parsed["align_corners"])
+
+
+def _from_codes(mode: int, padding: int, align: int) -> tuple[str, str, bool]:
+    """torch's integer option codes -> names; raises Reject on an unknown code."""
+    if mode not in range(len(MODES)):
+        raise Reject(f"interpolation mode {mode} is not one of 0 (bilinear), 1 (nearest), "
+                     f"2 (bicubic)")
+    if padding not in range(len(PADDINGS)):
+        raise Reject(f"padding mode {padding} is not one of 0 (zeros), 1 (border), "
+                     f"2 (reflection)")
+    if align not in (0, 1):
+        raise Reject(f"align_corners {align} is not 0 or 1")
+    return MODES[mode], PADDINGS[padding], bool(align)
+
+
+def _spatial_rank(x: str, grid: str, ctx: MatchContext) -> int:
+    """2 or 3, from X's and the grid's static ranks and the grid's last dim; must agree."""
+    x_shape, grid_shape = ctx.shape(x), ctx.shape(grid)
+    votes: dict[str, int] = {}
+    if x_shape is not None:
+        if len(x_shape) not in (4, 5):
+            raise Reject(f"input '{x}' must have rank 4 (N, C, H, W) or 5 (N, C, D, H, W), "
+                         f"got rank {len(x_shape)}")
+        votes["input rank"] = len(x_shape) - 2
+    if grid_shape is not None:
+        if len(grid_shape) not in (4, 5):
+            raise Reject(f"grid '{grid}' must have rank 4 (N, Ho, Wo, 2) or 5 "
+                         f"(N, Do, Ho, Wo, 3), got rank {len(grid_shape)}")
+        votes["grid rank"] = len(grid_shape) - 2
+        last = grid_shape[-1]
+        if isinstance(last, int):
+            votes["grid last dim"] = last
+    if "input rank" not in votes and "grid rank" not in votes:
+        raise Reject("cannot tell 2-D from 3-D: the ranks of the input and the grid are both "
+                     "unknown; give them typed graph inputs or value_info")
+    if len(set(votes.values())) > 1:
+        said = ", ".join(f"{label} says {value}-D" for label, value in votes.items())
+        raise Reject(f"the grid does not match the input: {said} (the grid's last dim must "
+                     f"be the input's spatial rank)")
+    return next(iter(votes.values()))
+
+
+# -- the decomposition --------------------------------------------------------------------
+
+
+class _Axis(NamedTuple):
+    """One spatial axis of the input, as the build sees it."""
+
+    position: int  # 0 for the first spatial axis (D or H) ... k-1 for W
+    taps: Value  # float tap coordinates, in range for the (maybe padded) input
+    weights: Value | None  # per-tap weights, or None (nearest)
+    valid: Value | None  # bool mask (nearest + zeros on an unpadded input), else None
+
+
+# Zeros padding with a padded input: one zero pixel before and two after every spatial axis,
+# so that clipped taps land on zeros (see _axis).
+PAD_BEFORE, PAD_AFTER = 1, 2
+
+
+def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: Facts) -> None:
+    """Emit the decomposition of one grid sample into ``out``."""
+    k = facts.spatial_rank
+    dtype = numpy_dtype(facts.compute_type)
+    index_type = np.dtype(np.int64) if facts.wide_index else np.dtype(np.int32)
+    x = b.input(x_name, numpy_dtype(facts.x_type))
+    grid = b.input(grid_name, numpy_dtype(facts.grid_type))
+    if facts.x_type != facts.compute_type:
+        x = b.Cast(x, dtype, hint="x_compute")
+    if facts.grid_type != facts.compute_type:
+        grid = b.Cast(grid, dtype, hint="grid_compute")
+
+    x_shape = b.Shape(x, hint="x_shape")  # (N, C, (D,) H, W)
+    batch = b.Slice(x_shape, [0], [1], [0], hint="batch")
+    sizes_i = b.Slice(x_shape, [2], [2 + k], [0], hint="in_sizes")  # (k,) int64
+    sizes_f = b.Cast(sizes_i, dtype, hint="in_sizes_f")
+    out_sizes = b.Shape(grid, 1, 1 + k, hint="out_sizes")  # (k,): (Do,) Ho, Wo
+    # Point tensors are (N, 1, taps_0, ..., taps_{k-1}, *out_sizes): one tap axis per input
+    # axis (size 1 until that axis adds its taps), then the output positions. Every
+    # broadcast between them is over whole (Do,) Ho, Wo planes, which ONNX Runtime does at
+    # full speed (a small innermost axis, like the grid's own x/y axis, is 5-10x slower).
+    point_shape = b.Concat(batch, b.ints([1] * (1 + k)), out_sizes, axis=0, hint="point_shape")
+    components = b.Split(grid, [1] * k, axis=-1, hint="grid_xyz") if k > 1 else [grid]
+
+    axes = []
+    for position in range(k):
+        component = components[k - 1 - position]  # grid[..., 0] is x, which indexes W (last)
+        g = b.Reshape(component, point_shape, hint=f"g{position}")
+        size = b.Gather(sizes_f, position, axis=0, hint=f"n{position}")
+        axes.append(_axis(b, g, size, position, k, facts, dtype))
+
+    if facts.pad_input:
+        x = b.Pad(x, [0, 0] + [PAD_BEFORE] * k + [0, 0] + [PAD_AFTER] * k,
+                  np.asarray(0, dtype), hint="x_padded")
+        # Read back, not added: TVM's importer cannot do arithmetic on a Shape's output.
+        sizes_i = b.Shape(x, 2, 2 + k, hint="padded_sizes")
+    # Flat index into the (N, C, prod(sizes)) view: exact integer math.
+    index: Value | None = None
+    stride: Value | None = None
+    sizes_index = b.Cast(sizes_i, index_type, hint="in_sizes_index")
+    for axis in reversed(axes):  # W first: stride 1, then W, then H*W
+        term = b.Cast(axis.taps, index_type, hint=f"tap{axis.position}_index")
+        if stride is not None:
+            term = term * stride
+        index = term if index is None else index + term
+        if axis.position > 0:
+            size_i = b.Gather(sizes_index, axis.position, axis=0, hint=f"n{axis.position}_i")
+            stride = size_i if stride is None else stride * size_i
+    assert index is not None
+    taps = len(TAP_OFFSETS[facts.mode]) ** k
+    index_flat = b.Reshape(index, [0, 1, -1], hint="index_flat")  # (N, 1, T*P)
+
+    weights = None
+    valid = None
+    if taps > 1:
+        for axis in axes if k == 2 else reversed(axes):  # torch's product order
+            assert axis.weights is not None
+            weights = axis.weights if weights is None else weights * axis.weights
+        assert weights is not None
+        weights = b.Reshape(weights, b.Concat(b.ints([0, 1, taps]), out_sizes, axis=0),
+                            hint="weights")  # (N, 1, T, *out_sizes)
+        result_shape = b.Concat(b.ints([0, 0, taps]), out_sizes, axis=0, hint="tap_shape")
+    else:
+        for axis in axes:
+            if axis.valid is not None:
+                valid = axis.valid if valid is None else b.And(valid, axis.valid)
+        if valid is not None:
+            valid = b.Reshape(valid, b.Concat(b.ints([0, 1]), out_sizes, axis=0),
+                              hint="valid")  # (N, 1, *out_sizes)
+        result_shape = b.Concat(b.ints([0, 0]), out_sizes, axis=0, hint="result_shape")
+
+    # Gather channel chunks, so that each chunk's taps stay in cache from GatherElements to
+    # the weighted sum, and the index is expanded once, to one chunk's channels.
+    x_flat = b.Reshape(x, [0, 0, -1], hint="x_flat")  # (N, C, S)
+    chunks = channel_chunks(facts.channels)
+    pieces = b.Split(x_flat, chunks, axis=1, hint="x_chunks") if len(chunks) > 1 else [x_flat]
+    expanded: dict[int, Value] = {}
+    results = []
+    single = len(pieces) == 1
+    for piece, chunk in zip(pieces, chunks or [0], strict=True):  # 0: C, dynamic
+        if chunk not in expanded:
+            # The chunk's channel count is read from its shape even when static: TVM's
+            # importer fails on a constant Expand shape against symbolic dims.
+            shape = b.Concat(b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0,
+                             hint="expand_shape")
+            expanded[chunk] = b.Expand(index_flat, shape, hint="index")  # (N, c, T*P)
+        gathered = b.GatherElements(piece, expanded[chunk], axis=2, hint="taps")
+        last = out if single else None
+        last_computed = last if facts.compute_type == facts.x_type else None
+        if weights is not None:
+            sampled = b.ReduceSum(b.Reshape(gathered, result_shape) * weights, [2],
+                                  keepdims=False, hint="sampled", out=last_computed)
+        elif valid is not None:
+            sampled = b.Where(valid, b.Reshape(gathered, result_shape), np.asarray(0, dtype),
+                              hint="sampled", out=last_computed)
+        else:
+            sampled = b.Reshape(gathered, result_shape, hint="sampled", out=last_computed)
+        if facts.compute_type != facts.x_type:
+            sampled = b.Cast(sampled, facts.x_type, hint="sampled_cast", out=last)
+        results.append(sampled)
+    if not single:
+        b.Concat(*results, axis=1, hint="sampled_all", out=out)
+
+
+def channel_chunks(channels: int | None) -> list[int]:
+    """Channel counts of the gather chunks: [] (one chunk, C read at run time) when C is not
+    static, [C] below MIN_CHUNKED_CHANNELS, else at most MAX_CHUNKS chunks of at least
+    CHUNK_CHANNELS channels."""
+    if channels is None:
+        return []
+    if channels < MIN_CHUNKED_CHANNELS:
+        return [channels]
+    count = min(MAX_CHUNKS, -(-channels // CHUNK_CHANNELS))
+    size = -(-channels // count)
+    count = -(-channels // size)
+    return [size] * (count - 1) + [channels - size * (count - 1)]
+
+
+def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
+          dtype: np.dtype) -> _Axis:
+    """Tap coordinates and weights of one axis from its normalized grid coordinate ``g``.
+
+    Zeros padding has two spellings. With ``facts.pad_input`` (few static channels) the
+    input gets a zero border (PAD_BEFORE/PAD_AFTER) and taps are clipped onto it: a few
+    point-sized ops. Otherwise every tap gets a validity mask (zero weight, index 0),
+    which costs more point-sized ops but no input-sized copy.
+    """
+    zero, one, half = (np.asarray(v, dtype) for v in (0, 1, 0.5))
+    top = n - one  # n - 1, the last valid coordinate
+    # What a NaN coordinate becomes under border/reflection padding: torch's 2-D kernel
+    # clamps NaN to 0, its 3-D kernel to n - 1.
+    nan_to = zero if k == 2 else top
+    padded = facts.padding == "zeros" and facts.pad_input
+    padded_top = n + np.asarray(PAD_BEFORE, dtype)  # the last zero before PAD_AFTER's 2nd
+
+    def tap_constant(values: Any) -> np.ndarray:
+        shape = [1] * (2 + 2 * k)
+        shape[2 + position] = len(values)
+        return np.asarray(values, dtype).reshape(shape)
+
+    padded_linear = padded and facts.mode == "bilinear"
+    # torch's unnormalization, in its operation order (nearest ties depend on it); padded
+    # bilinear folds the shift onto the border into it (a 1-ulp difference in u moves the
+    # result continuously there).
+    if facts.align_corners:
+        u = (g + one) * (top * half)
+        if padded_linear:
+            u = u + np.asarray(PAD_BEFORE, dtype)
+    else:
+        u = (g + one) * (n * half) - (half - np.asarray(PAD_BEFORE, dtype) if padded_linear
+                                      else half)
+
+    if facts.mode == "bicubic":
+        # torch pads every tap, not the coordinate.
+        floor = b.Floor(u, hint=f"floor{position}")
+        t = u - floor  # NaN stays NaN: torch's bicubic is NaN for a NaN coordinate
+        offsets = TAP_OFFSETS["bicubic"]
+        # Cubic convolution weights of the taps at distance d: torch's two polynomials.
+        a = CUBIC_A
+        d_outer = b.Abs(t - tap_constant(offsets[:2]))
+        d_inner = b.Abs(t - tap_constant(offsets[2:]))
+        outer = ((d_outer * np.asarray(a, dtype) - np.asarray(5 * a, dtype)) * d_outer
+                 + np.asarray(8 * a, dtype)) * d_outer - np.asarray(4 * a, dtype)
+        inner = (d_inner * np.asarray(a + 2, dtype) - np.asarray(a + 3, dtype)) * d_inner \
+            * d_inner + one
+        weights = b.Concat(outer, inner, axis=2 + position, hint=f"cubic{position}")
+        if padded:
+            taps = _clamp(b, _finite(b, floor, -one) + tap_constant(offsets) + PAD_BEFORE,
+                          zero, padded_top, hint=f"taps{position}")
+            return _Axis(position, taps, weights, None)
+        taps = floor + tap_constant(offsets)
+        if facts.padding == "zeros":
+            return _masked_taps(b, taps, weights, top, position, k)
+        if facts.padding == "reflection":
+            taps = _reflect(b, taps, n, top, facts.align_corners, dtype)
+        taps = _clamp(b, _finite(b, taps, zero), zero, top, hint=f"taps{position}")
+        return _Axis(position, taps, weights, None)
+
+    if facts.padding == "border":
+        u = _clamp(b, _finite(b, u, nan_to), zero, top, hint=f"u{position}")
+    elif facts.padding == "reflection":
+        u = _clamp(b, _finite(b, _reflect(b, u, n, top, facts.align_corners, dtype), nan_to),
+                   zero, top, hint=f"u{position}")
+
+    if facts.mode == "nearest":
+        nearest = b.Round(u, hint=f"round{position}")  # half to even, as torch
+        if facts.padding != "zeros":
+            return _Axis(position, nearest, None, None)
+        if padded:  # outside (and NaN) -> a zero of the border
+            taps = _clamp(b, _finite(b, nearest, -one) + PAD_BEFORE, zero, padded_top,
+                          hint=f"taps{position}")
+            return _Axis(position, taps, None, None)
+        valid = b.Equal(_clamp(b, nearest, zero, top), nearest)  # NaN: False
+        taps = b.Where(valid, nearest, zero, hint=f"taps{position}")
+        return _Axis(position, taps, None, valid)
+
+    if padded_linear:
+        # u clipped to [-1, n] (in padded coordinates [0, n+1]) keeps every weight that
+        # lands on a pixel; beyond, both taps read zeros. NaN reads zeros too, and its
+        # weights stay NaN (torch's 2-D kernel) or not (its 3-D kernel gives 0).
+        shifted = u  # already in padded coordinates
+        clipped = _clamp(b, _finite(b, shifted, zero), zero, padded_top, hint=f"u{position}")
+        floor = b.Floor(clipped, hint=f"floor{position}")
+        fraction = clipped - floor
+        if k == 2:
+            fraction = fraction + (shifted - shifted)  # NaN (and inf) -> NaN, else + 0
+        taps = floor + tap_constant([0, 1])  # the upper tap may be n + 2: the 2nd zero
+        weights = b.Abs(b.Sub(tap_constant([1, 0]), fraction), hint=f"w{position}")
+        return _Axis(position, taps, weights, None)
+    floor = b.Floor(u, hint=f"floor{position}")
+    taps = floor + tap_constant([0, 1])
+    weights = b.Abs(b.Sub(tap_constant([1, 0]), u - floor), hint=f"w{position}")  # 1-f, f
+    if facts.padding == "zeros":
+        return _masked_taps(b, taps, weights, top, position, k)
+    # u is in [0, n-1], so only the upper tap can leave the input, and only when u = n-1,
+    # where its weight is 0.
+    return _Axis(position, b.Min(taps, top, hint=f"taps{position}"), weights, None)
+
+
+def _masked_taps(b: Builder, taps: Value, weights: Value, top: Value, position: int, k: int
+                 ) -> _Axis:
+    """Zeros padding on an unpadded input: taps outside [0, n-1] read index 0, weight 0."""
+    dtype = taps.dtype
+    zero = np.asarray(0, dtype)
+    valid = b.Equal(_clamp(b, taps, zero, top), taps, hint=f"valid{position}")  # NaN: False
+    safe = b.Where(valid, taps, zero, hint=f"taps{position}")
+    if k == 2:  # torch's 2-D kernel multiplies: a NaN weight stays NaN
+        weights = weights * b.Cast(valid, dtype)
+    else:  # its 3-D kernel skips out-of-range taps: their NaN weight is dropped
+        weights = b.Where(valid, weights, zero)
+    return _Axis(position, safe, weights, None)
+
+
+def _reflect(b: Builder, u: Value, n: Value, top: Value, align_corners: bool,
+             dtype: np.dtype) -> Value:
+    """torch's reflect_coordinates: fold u into [low, low + span] (before the clip).
+
+    align_corners: low 0, span n-1 (n = 1 folds everything to a point the clip makes 0);
+    otherwise: low -0.5, span n.
+    """
+    if align_corners:
+        twice_span = b.Max(top * np.asarray(2, dtype), np.asarray(1, dtype))
+        distance = b.Abs(u)
+    else:
+        twice_span = n * np.asarray(2, dtype)
+        distance = b.Abs(u + np.asarray(0.5, dtype))
+    extra = distance - b.Floor(distance / twice_span) * twice_span
+    folded = b.Min(extra, twice_span - extra)
+    return folded if align_corners else folded - np.asarray(0.5, dtype)
+
+
+def _clamp(b: Builder, x: Value, low: Any, high: Any, hint: str | None = None) -> Value:
+    """Clip(x, low, high). ONNX Runtime has no float64 Clip kernel before opset 12, so
+    float64 there is spelled Min(Max(x, low), high) (the same values, NaN aside)."""
+    if x.dtype == np.float64 and b.opset < 12:
+        return b.Min(b.Max(x, low), high, hint=hint)
+    return b.Clip(x, low, high, hint=hint)
+
+
+def _finite(b: Builder, u: Value, replacement: Any) -> Value:
+    """u with NaN replaced (so it can become an index); +-inf is left to the clip."""
+    return b.Where(b.IsNaN(u), replacement, u)
+
+
+# -- the numpy reference ---------------------------------------------------------------------
+
+
+def grid_sample_reference(x: np.ndarray, grid: np.ndarray, mode: str = "bilinear",
+                          padding: str = "zeros", align_corners: bool = False) -> np.ndarray:
+    """numpy reference of torch.nn.functional.grid_sample (its CPU kernels), any float type.
+
+    Coordinates are computed in float32 (float64 if X or the grid is float64), as torch
+    computes them, so nearest ties round the same way; the sum is taken in float64.
+    """
+    x = np.asarray(x)
+    grid = np.asarray(grid)
+    k = x.ndim - 2
+    if grid.ndim != k + 2 or grid.shape[-1] != k or k not in (2, 3):
+        raise ValueError(f"grid {grid.shape} does not fit input {x.shape}")
+    coord_type = np.float64 if np.float64 in (x.dtype, grid.dtype) else np.float32
+    batch, channels = x.shape[:2]
+    in_sizes = x.shape[2:]
+    out_sizes = grid.shape[1:-1]
+    points = int(np.prod(out_sizes))
+    flat_grid = grid.reshape(batch, points, k).astype(coord_type)
+    values = x.reshape(batch, channels, -1).astype(np.float64)
+    result = np.zeros((batch, channels, points), np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # Per spatial axis (D/H/W order): unnormalized coordinates, (batch, points).
+        coords = []
+        for position, n in enumerate(in_sizes):
+            g = flat_grid[..., k - 1 - position]
+            coords.append(_unnormalize(g, n, align_corners, coord_type))
+        if mode == "bicubic":
+            taps_per_axis = [_cubic_taps(c, n, padding, align_corners, coord_type)
+                             for c, n in zip(coords, in_sizes, strict=True)]
+        else:
+            padded = [_pad_coordinate(c, n, padding, align_corners, k, coord_type)
+                      for c, n in zip(coords, in_sizes, strict=True)]
+            if mode == "nearest":
+                taps_per_axis = [[(np.round(c), np.ones_like(c))] for c in padded]
+            else:
+                taps_per_axis = [_linear_taps(c) for c in padded]
+        strides = [int(np.prod(in_sizes[position + 1:])) for position in range(k)]
+        for combo in np.ndindex(*[len(t) for t in taps_per_axis]):
+            inside = np.ones((batch, points), bool)
+            flat = np.zeros((batch, points), np.int64)
+            weight = np.ones((batch, points), np.float64)
+            for position, tap_index in enumerate(combo):
+                coordinate, tap_weight = taps_per_axis[position][tap_index]
+                as_int = _to_index(coordinate)
+                inside &= (as_int >= 0) & (as_int < in_sizes[position])
+                flat += np.where(inside, as_int, 0) * strides[position]
+                weight = weight * tap_weight.astype(np.float64)
+            flat = np.where(inside, flat, 0)
+            sampled = np.take_along_axis(values, np.broadcast_to(flat[:, None, :], (
+                batch, channels, points)), axis=2)
+            if k == 2 and mode != "nearest":
+                # torch's 2-D kernel gathers 0 outside and multiplies (NaN weights stay NaN).
+                result += np.where(inside[:, None, :], sampled, 0.0) * weight[:, None, :]
+            else:
+                # torch's 3-D kernel and nearest skip out-of-range taps.
+                result += np.where(inside[:, None, :], sampled * weight[:, None, :], 0.0)
+    return result.reshape(batch, channels, *out_sizes).astype(x.dtype)
+
+
+def _to_index(coordinate: np.ndarray) -> np.ndarray:
+    """Float coordinate -> int64 the way C++ truncates; NaN and huge values become an
+    out-of-range sentinel (torch's conversion gives INT_MIN there)."""
+    finite = np.isfinite(coordinate) & (np.abs(coordinate) < 2.0**62)
+    return np.where(finite, np.trunc(np.where(finite, coordinate, 0)), -(2**62)).astype(
+        np.int64)
+
+
+def _unnormalize(g: np.ndarray, n: int, align_corners: bool, dtype: type) -> np.ndarray:
+    one, half = dtype(1), dtype(0.5)
+    if align_corners:
+        return ((g + one) * (dtype(n - 1) / dtype(2))).astype(dtype)
+    return ((g + one) * (dtype(n) / dtype(2)) - half).astype(dtype)
+
+
+def _reflect_coordinate(c: np.ndarray, n: int, align_corners: bool, dtype: type
+                        ) -> np.ndarray:
+    """torch's reflect_coordinates with twice_low/twice_high as in grid_sampler_compute."""
+    if align_corners:
+        if n <= 1:
+            return np.zeros_like(c)
+        low, span = dtype(0), dtype(n - 1)
+    else:
+        low, span = dtype(-0.5), dtype(n)
+    distance = np.abs(c - low)
+    extra = np.fmod(distance, span)
+    flips = np.floor(distance / span)
+    even = np.mod(np.where(np.isfinite(flips), flips, 0), 2) == 0
+    return np.where(even, extra + low, span - extra + low).astype(dtype)
+
+
+def _clip_coordinate(c: np.ndarray, n: int, nan_to: float, dtype: type) -> np.ndarray:
+    clipped = np.minimum(np.maximum(c, dtype(0)), dtype(n - 1))
+    return np.where(np.isnan(c), dtype(nan_to), clipped).astype(dtype)
+
+
+def _pad_coordinate(c: np.ndarray, n: int, padding: str, align_corners: bool, k: int,
+                    dtype: type) -> np.ndarray:
+    """Border/reflection padding of the coordinate; NaN goes where torch's kernel sends it
+    (2-D: 0, 3-D: n - 1)."""
+    nan_to = 0.0 if k == 2 else float(n - 1)
+    if padding == "border":
+        return _clip_coordinate(c, n, nan_to, dtype)
+    if padding == "reflection":
+        return _clip_coordinate(_reflect_coordinate(c, n, align_corners, dtype), n, nan_to,
+                                dtype)
+    return c
+
+
+def _linear_taps(c: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    low = np.floor(c)
+    frac = c - low
+    return [(low, 1 - frac), (low + 1, frac)]
+
+
+def _cubic_taps(c: np.ndarray, n: int, padding: str, align_corners: bool, dtype: type
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The 4 taps of torch's bicubic kernel along one axis, each padded on its own."""
+    a = dtype(CUBIC_A)
+    low = np.floor(c)
+    t = c - low
+
+    def outer(d: np.ndarray) -> np.ndarray:  # 1 < d < 2
+        return ((a * d - dtype(5) * a) * d + dtype(8) * a) * d - dtype(4) * a
+
+    def inner(d: np.ndarray) -> np.ndarray:  # d <= 1
+        return ((a + dtype(2)) * d - (a + dtype(3))) * d * d + dtype(1)
+
+    coefficients = [outer(t + dtype(1)), inner(t), inner(dtype(1) - t), outer(dtype(2) - t)]
+    taps: list[tuple[np.ndarray, np.ndarray]] = []
+    for offset, coefficient in zip((-1, 0, 1, 2), coefficients, strict=True):
+        tap = low + dtype(offset)
+        if padding == "border":
+            tap = _clip_coordinate(tap, n, 0.0, dtype)
+        elif padding == "reflection":
+            tap = _clip_coordinate(_reflect_coordinate(tap, n, align_corners, dtype), n, 0.0,
+                                   dtype)
+        taps.append((tap, coefficient.astype(dtype)))
+    return taps
+
+
+PATTERNS = [GridSample(), MmcvGridSampler()]

@@ -1,0 +1,253 @@
+"""Linear solve, batched (torch.linalg.solve / torch.linalg.solve_ex) as standard ops.
+
+Matches:
+- ``Solve(A, B; left:int=1)`` in any domain;
+- torch's fallbacks ``org.pytorch.aten::linalg_solve(A, B, left)`` and
+  ``ATen(operator="linalg_solve")`` (``left`` a constant bool input; the legacy exporter
+  passes it for both ``left=True`` and ``left=False``), and ``linalg_solve_ex(A, B, left,
+  check_errors)`` with its two outputs ``(result, info)``.
+
+Semantics are torch's:
+- ``left=1``: X with ``A @ X = B``. ``A`` is ``(*, n, n)``; ``B`` is a batch of vectors,
+  ``(n,)`` or ``(*, n)`` (torch's rule: B has rank 1, or rank A.ndim - 1 and
+  ``B.shape == A.shape[:-1]``), giving X of B's batched-vector shape, or a batch of
+  matrices ``(*', n, k)`` whose batch dims broadcast with A's, giving ``(*'', n, k)``.
+- ``left=0``: X with ``X @ A = B``, ``B`` is ``(*', k, n)``; vectors are rejected (torch
+  rejects them too: it reads a vector as an (n, 1) column).
+- ``info`` (int32, A's batch shape, linalg_solve_ex only) is LAPACK's: 0, or the 1-based
+  index of the first exactly-zero pivot of A's LU factorization; ``check_errors`` is
+  accepted and ignored (a graph cannot raise).
+
+Before -> after::
+
+    Solve(A, B)  ->  Ainv = inverse(A)        # linalg_inv's decomposition: closed form for
+                                              # n <= 4, Gauss-Jordan with partial pivoting
+                                              # above (and for linalg_solve_ex, for info)
+      B of A's batch dims, static n and k with n*n*k <= 256 (batch moved last):
+                     X = ReduceSum(Ainv[i, j, 1, *] * B[1, j, c, *], j)  # or B Ainv (left=0)
+      otherwise:     X = Ainv @ B                                  # matrix B, left=1
+                     X = Squeeze(Ainv @ Unsqueeze(B, -1), -1)       # vector B
+                     X = B @ Ainv                                  # left=0
+
+Singular A: inf/NaN in X (torch raises), and info names the zero pivot.
+
+Envelope: opsets 11+; float32/float64, A and B of one dtype; A's matrix size static,
+0 <= n <= 32; batch dims and B's column count k dynamic. Ranks of A and B must be known,
+and so must enough of their dims to tell a vector B from a matrix B. Solving through the
+inverse costs a little accuracy against LU's forward substitution (about cond(A) * eps,
+the same order as LU's own error bound).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+from .linalg_inv import (
+    MatrixFacts,
+    build_inverse,
+    inverse_reference,
+    lu_info_reference,
+    matrix_facts,
+)
+
+# Below this many multiply-adds per matrix (n * n * k), X = A^-1 B is computed with the
+# batch on the last axis by Mul + ReduceSum: ONNX Runtime's batched MatMul costs about
+# 0.5 us per matrix whatever its size (n = 3, k = 1, B = 100000: 46 ms against 3 ms).
+ELEMENTWISE_PRODUCT_MAX = 256
+
+
+class SolveFacts(NamedTuple):
+    matrix: MatrixFacts
+    left: bool
+    vector: bool  # B is a (batch of) vector(s)
+    batch_last: bool  # A and B have the same batch dims and the product is small
+
+
+def _constant_flag(node: MatchedNode, index: int, ctx: MatchContext, name: str,
+                   default: bool) -> bool:
+    """A bool argument of the ATen form: absent -> default; must be a constant scalar."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return default
+    value = ctx.constant(node.inputs[index])
+    if value is None or value.size != 1:
+        raise Reject(f"{name} (input {index + 1}) must be a constant scalar")
+    return bool(value.reshape(()).item())
+
+
+def _is_vector_rhs(a_shape: tuple, b_shape: tuple) -> bool:
+    """torch's rule for B being vectors: rank 1, or rank A.ndim - 1 with B.shape ==
+    A.shape[:-1]; raises Reject when unknown dims leave it undecided."""
+    if len(b_shape) == 1:
+        return True
+    if len(b_shape) != len(a_shape) - 1:
+        return False
+    undecided = False
+    for a_dim, b_dim in zip(a_shape[:-1], b_shape, strict=True):
+        if isinstance(a_dim, int) and isinstance(b_dim, int):
+            if a_dim != b_dim:
+                return False
+        elif a_dim is None or b_dim is None or a_dim != b_dim:
+            undecided = True  # same symbolic name means equal; anything else is unknown
+    if undecided:
+        raise Reject(f"cannot tell whether B {list(b_shape)} is a batch of vectors or of "
+                     f"matrices for A {list(a_shape)} (torch decides on B.shape == "
+                     f"A.shape[:-1]); give A and B static or matching symbolic dims")
+    return True
+
+
+class _SolvePattern(Pattern[SolveFacts]):
+    """Shared check/build/reference; ``with_info`` adds the info output."""
+
+    with_info = False
+
+    def _left(self, node: MatchedNode, ctx: MatchContext) -> bool:
+        if node.form == "aten":
+            return _constant_flag(node, 2, ctx, "left", True)
+        return bool(node.attrs["left"])
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> SolveFacts:
+        most = (4 if self.with_info else 3) if node.form == "aten" else 2
+        if not 2 <= len(node.inputs) <= most or not all(node.inputs[:2]):
+            raise Reject(f"expected 2 to {most} inputs (A, B, ...), got {len(node.inputs)}")
+        outputs = 2 if self.with_info else 1
+        if not 1 <= len(node.outputs) <= outputs or not any(node.outputs):
+            raise Reject(f"expected {outputs} output(s), got {len(node.outputs)}")
+        left = self._left(node, ctx)
+        a, b = node.inputs[0], node.inputs[1]
+        matrix = matrix_facts(a, ctx)
+        b_type = ctx.elem_type(b)
+        if b_type != matrix.elem_type:
+            got = "unknown" if b_type is None else TensorProto.DataType.Name(b_type).lower()
+            raise Reject(f"B must have A's dtype "
+                         f"({TensorProto.DataType.Name(matrix.elem_type).lower()}), got {got}")
+        b_shape = ctx.shape(b)
+        if b_shape is None:
+            raise Reject(f"the shape of B '{b}' is unknown; its rank decides between vector "
+                         f"and matrix right-hand sides")
+        if len(b_shape) == 0:
+            raise Reject("B must have rank >= 1")
+        vector = _is_vector_rhs(matrix.shape, tuple(b_shape))
+        if vector and not left:
+            raise Reject("left=False needs a matrix B (*, k, n); torch rejects vectors there")
+        n = matrix.n
+        rows = b_shape[-1] if vector or not left else b_shape[-2]
+        if isinstance(rows, int) and rows != n:
+            raise Reject(f"B's size {rows} does not match A's {n}x{n}")
+        columns = 1 if vector else b_shape[-1] if left else b_shape[-2]
+        batch_rank = len(b_shape) - (1 if vector else 2)
+        same_batch = batch_rank == matrix.rank - 2 and all(
+            isinstance(x, (int, str)) and x == y
+            for x, y in zip(matrix.shape[:-2], b_shape[:batch_rank], strict=True))
+        # B's matrix dims must be static too: an engine that tracks symbolic dims (TVM)
+        # cannot broadcast a symbolic n against the inverse's static one.
+        batch_last = (same_batch and n > 0 and isinstance(rows, int)
+                      and isinstance(columns, int)
+                      and n * n * columns <= ELEMENTWISE_PRODUCT_MAX)
+        return SolveFacts(matrix, left, vector, batch_last)
+
+    def build(self, b: Builder, node: MatchedNode, facts: SolveFacts) -> None:
+        outputs = node.outputs
+        info_out = outputs[1] if self.with_info and len(outputs) > 1 and outputs[1] else None
+        inverse = build_inverse(b, node.inputs[0], facts.matrix, info_out=info_out,
+                                batch_last=facts.batch_last)
+        rhs = b.input(node.inputs[1], facts.matrix.dtype)
+        out = outputs[0] or None
+        if facts.batch_last:
+            _product_batch_last(b, inverse, rhs, facts, out)
+        elif facts.vector:
+            column = b.MatMul(inverse, b.Unsqueeze(rhs, [-1], hint="B_column"), hint="X_column")
+            b.Squeeze(column, [-1], hint="X", out=out)
+        elif facts.left:
+            b.MatMul(inverse, rhs, hint="X", out=out)
+        else:
+            b.MatMul(rhs, inverse, hint="X", out=out)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SolveFacts
+                     ) -> list[OutputType]:
+        types: list[OutputType] = [(facts.matrix.elem_type, None)]
+        if self.with_info:
+            types.append((TensorProto.INT32, facts.matrix.shape[:-2]))
+        return types
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        a, rhs = np.asarray(inputs[0]), np.asarray(inputs[1])
+        if len(inputs) > 2 and inputs[2] is not None:  # the ATen forms: left is input 3
+            left = bool(np.asarray(inputs[2]).reshape(()).item())
+        else:
+            left = bool(attrs.get("left", 1))
+        result = [solve_reference(a, rhs, left)]
+        if self.with_info:
+            result.append(lu_info_reference(a))
+        return result
+
+
+def _product_batch_last(b: Builder, inverse: Value, rhs: Value, facts: SolveFacts,
+                        out: str | None) -> Value:
+    """X = A^-1 B (or B A^-1) with A^-1 as (n, n, *) and B of A's batch dims *: B's batch
+    dims move last too, the product is a broadcast Mul and a ReduceSum over the shared
+    axis, and X's batch dims move back."""
+    m = facts.matrix.rank - 2  # = B's batch rank
+    if facts.vector:  # (*, n) -> (n, *); X[i] = sum_j inv[i, j] * rhs[j]
+        rhs_t = b.Transpose(rhs, [m, *range(m)], hint="B_t")
+        x_t = b.ReduceSum(inverse * b.Unsqueeze(rhs_t, [0], hint="B_t_row"), [1],
+                          keepdims=False, hint="X_t")  # (n, *)
+        back = [*range(1, m + 1), 0]
+    else:  # (*, r, c) -> (r, c, *)
+        rhs_t = b.Transpose(rhs, [m, m + 1, *range(m)], hint="B_t")
+        if facts.left:  # X[i, c] = sum_j inv[i, j] * rhs[j, c]
+            left_factor = b.Unsqueeze(inverse, [2], hint="inverse_t_4d")
+            right_factor = b.Unsqueeze(rhs_t, [0], hint="B_t_4d")
+        else:  # X[r, i] = sum_j rhs[r, j] * inv[j, i]
+            left_factor = b.Unsqueeze(rhs_t, [2], hint="B_t_4d")
+            right_factor = b.Unsqueeze(inverse, [0], hint="inverse_t_4d")
+        x_t = b.ReduceSum(left_factor * right_factor, [1], keepdims=False, hint="X_t")
+        back = [*range(2, m + 2), 0, 1]
+    return b.Transpose(x_t, back, hint="X", out=out)
+
+
+def solve_reference(a: np.ndarray, rhs: np.ndarray, left: bool = True) -> np.ndarray:
+    """torch.linalg.solve in numpy (LAPACK gesv in float64, rounded to A's dtype); a
+    singular A gives NaN where torch raises."""
+    n = a.shape[-1]
+    vector = rhs.ndim == 1 or (rhs.ndim == a.ndim - 1 and rhs.shape == a.shape[:-1])
+    system, column = (a, rhs) if left else (np.swapaxes(a, -1, -2), np.swapaxes(rhs, -1, -2))
+    if vector:
+        column = column[..., None]
+    batch = np.broadcast_shapes(system.shape[:-2], column.shape[:-2])
+    system = np.broadcast_to(system.astype(np.float64), (*batch, n, n))
+    column = np.broadcast_to(column.astype(np.float64), (*batch, *column.shape[-2:]))
+    try:
+        x = np.linalg.solve(system, column)
+    except np.linalg.LinAlgError:  # some matrix is singular: NaN for that one
+        x = inverse_reference(system) @ column
+    if vector:
+        x = x[..., 0]
+    elif not left:
+        x = np.swapaxes(x, -1, -2)
+    return x.astype(a.dtype)
+
+
+class Solve(_SolvePattern):
+    op_type = "Solve"
+    aten_operator = "linalg_solve"
+    attributes = {"left": Attr("int", default=1, choices=(0, 1),
+                               doc="1: solve A X = B; 0: solve X A = B")}
+
+
+class LinalgSolveEx(_SolvePattern):
+    """``torch.linalg.solve_ex(A, B, left, check_errors) -> (result, info)``; ATen only."""
+
+    op_type = "linalg_solve_ex"
+    domains = frozenset()
+    aten_operator = "linalg_solve_ex"
+    num_outputs = 2
+    with_info = True
+
+
+PATTERNS = [Solve(), LinalgSolveEx()]

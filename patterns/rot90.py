@@ -1,0 +1,180 @@
+"""rot90 (torch.rot90): quarter turns over any pair of axes, as a reversed Gather + Transpose.
+
+Matches:
+- torch's fallbacks ``org.pytorch.aten::rot90(x, k, dims)`` and ``ATen(operator="rot90")``,
+  whose ``k`` (int64 scalar) and ``dims`` (int64 pair) are constant inputs;
+- ``Rot90(x; k:int=1, dims:ints=[0, 1])`` in any domain (torch's defaults).
+
+Semantics are exactly ``torch.rot90(x, k, dims)``: turn ``k`` times from axis ``dims[0]``
+toward ``dims[1]`` (negative axes count from the end, any integer k, taken mod 4):
+
+    k = 1: flip(dims[1]) then swap the two axes    k = 2: flip both axes
+    k = 3: flip(dims[0]) then swap the two axes    k = 0: the input itself
+
+Before -> after::
+
+    rot90(x, k, (a, b))  ->  dims (-2, -1) or (-1, -2): the shared rotation base
+                             (patterns/_rotation.py, as Rot90AndScale builds it)
+                             any other pair, o = min(a, b) the outer position:
+                               k = 1, 3: Gather(reversed, axis=o) and Transpose(swap a, b),
+                                         in the order that flips the right data at o
+                               k = 2: Gather(axis=a) -> Gather(axis=b), or, when b is the
+                                      last axis, Gather(o) -> Transpose -> Gather(o) ->
+                                      Transpose
+                             reversed = (n - 1) - Range(0, n, 1) with n read from Shape
+
+No Slice with step -1 (onnx2tf turns some into Identity). Every flip gathers along a
+position that is not the last axis, so each index copies a block, never one element
+(a last-axis Gather is 3-4x slower on ONNX Runtime, measured for the rotation base).
+
+Envelope: opsets 11+, every dtype, every dim dynamic (empty dims too); the rank must be
+known (to resolve negative dims and write the Transpose), and k and dims must be constants
+(the node is rejected otherwise, as are dims torch refuses: not two, equal, out of range).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from decomposer.builder import Builder, Value
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Reject
+from decomposer.patterns._rotation import RotationPattern, build_rotation, rotation_facts
+
+MAX_RANK = 64
+
+
+class Rot90Facts(NamedTuple):
+    turns: int  # 0..3, from dims[0] toward dims[1]
+    dims: tuple[int, int]  # normalised to 0..rank-1
+    shape: tuple[int | str | None, ...]
+    elem_type: int | None
+    last_two: Any  # the rotation base's facts when dims are the last two axes, else None
+
+    def output_type(self) -> OutputType:
+        shape = list(self.shape)
+        if self.turns % 2:
+            a, b = self.dims
+            shape[a], shape[b] = shape[b], shape[a]
+        return self.elem_type, shape
+
+
+class Rot90(RotationPattern):
+    op_type = "Rot90"
+    aten_operator = "rot90"
+    attributes = {
+        "k": Attr("int", default=1, doc="quarter turns from dims[0] toward dims[1], any int"),
+        "dims": Attr("ints", default=[0, 1], doc="the two axes of the rotation plane"),
+    }
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Rot90Facts:
+        if len(node.outputs) != 1:
+            raise Reject(f"expected 1 output, got {len(node.outputs)}")
+        if node.form == "aten":
+            if len(node.inputs) != 3 or not all(node.inputs):
+                raise Reject(f"expected 3 inputs (self, k, dims), got {len(node.inputs)}")
+            k = _constant_ints(ctx, node.inputs[1], "k", scalar=True)[0]
+            dims = _constant_ints(ctx, node.inputs[2], "dims", scalar=False)
+        else:
+            if len(node.inputs) != 1 or not node.inputs[0]:
+                raise Reject(f"expected 1 input, got {len(node.inputs)}")
+            k, dims = int(node.attrs["k"]), list(node.attrs["dims"])
+        x = node.inputs[0]
+        shape = ctx.shape(x)
+        if shape is None:
+            raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
+                         "or value_info so the rotation axes can be resolved")
+        rank = len(shape)
+        if rank < 2:
+            raise Reject(f"input '{x}' has rank {rank}; rot90 needs rank >= 2")
+        if rank > MAX_RANK:
+            raise Reject(f"input '{x}' has rank {rank}; ranks above {MAX_RANK} are refused")
+        if len(dims) != 2:
+            raise Reject(f"dims must name exactly 2 axes, got {dims}")
+        if not all(-rank <= d < rank for d in dims):
+            raise Reject(f"dims {dims} out of range for rank {rank}")
+        first, second = (d % rank for d in dims)
+        if first == second:
+            raise Reject(f"dims {dims} name the same axis twice")
+        turns = k % 4
+        last_two = None
+        if {first, second} == {rank - 2, rank - 1}:
+            torch_dims = (-2, -1) if first == rank - 2 else (-1, -2)
+            last_two = rotation_facts(x, turns, torch_dims, 1.0, ctx)
+        return Rot90Facts(turns, (first, second), tuple(shape), ctx.elem_type(x), last_two)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Rot90Facts) -> None:
+        x, out = b.input(node.inputs[0]), node.outputs[0]
+        if facts.last_two is not None:
+            build_rotation(b, x, out, facts.last_two)
+            return
+        a, c = facts.dims
+        rank = len(facts.shape)
+        perm = list(range(rank))
+        perm[a], perm[c] = c, a
+        outer = min(a, c)  # flips gather along this position: whole blocks, never elements
+
+        def swap(v: Value, hint: str, out: str | None = None) -> Value:
+            return b.Transpose(v, perm, hint=hint, out=out)
+
+        if facts.turns == 0:
+            b.Identity(x, out=out)
+        elif facts.turns == 2 and max(a, c) == rank - 1:
+            # Flipping the last axis gathers single elements; flip its data at the outer
+            # position between two swaps instead (as the rotation base does).
+            flipped = _flip(b, swap(_flip(b, x, outer, "flip_first"), "swap_in"), outer,
+                            "flip_second")
+            swap(flipped, "swap_back", out)
+        elif facts.turns == 2:
+            _flip(b, _flip(b, x, a, "flip_first"), c, "flip_second", out)
+        else:
+            # k = 1 flips the data of axis c, k = 3 that of axis a, then swaps the two; the
+            # flip is done before the swap if that data sits at the outer position, after it
+            # otherwise (a swap moves it there).
+            flipped_axis = c if facts.turns == 1 else a
+            if flipped_axis == outer:
+                swap(_flip(b, x, outer, "flip"), "swap", out)
+            else:
+                _flip(b, swap(x, "swap"), outer, "flip", out)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Rot90Facts
+                     ) -> list[OutputType]:
+        return [facts.output_type()]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        if len(inputs) == 3:  # the ATen form: (self, k, dims)
+            k = int(np.asarray(inputs[1]).reshape(()))
+            dims = [int(d) for d in np.asarray(inputs[2]).reshape(-1)]
+        else:
+            k = int(attrs.get("k", 1))
+            dims = [int(d) for d in attrs.get("dims", [0, 1])]
+        x = inputs[0]
+        return [np.ascontiguousarray(np.rot90(x, k, axes=(dims[0] % x.ndim,
+                                                          dims[1] % x.ndim)))]
+
+
+def _flip(b: Builder, x: Value, axis: int, hint: str, out: str | None = None) -> Value:
+    """x reversed along ``axis``: a Gather of (n - 1) - Range(0, n, 1).
+
+    Not Range(n - 1, -1, -1): ONNX Runtime 1.32's GatherToSlice fusion rewrites a Gather of
+    that Range into Slice(n - 1, -1, -1), whose end -1 means the last element, so it
+    returns an empty tensor (measured: shape (0, ...) at the default optimization level)."""
+    n = b.Gather(b.Shape(x, hint=f"{hint}_shape"), axis, hint=f"{hint}_n")
+    reversed_index = (n - 1) - b.Range(0, n, 1, hint=f"{hint}_positions")
+    return b.Gather(x, reversed_index, axis=axis, hint=hint, out=out)
+
+
+def _constant_ints(ctx: MatchContext, name: str, label: str, *, scalar: bool
+                   ) -> Sequence[int]:
+    value = ctx.constant(name)
+    if value is None:
+        raise Reject(f"{label} (input '{name}') must be a constant; it sets the graph's shape")
+    if not np.issubdtype(value.dtype, np.integer) or (scalar and value.size != 1):
+        raise Reject(f"{label} must be {'one integer' if scalar else 'integers'}, got "
+                     f"{value.dtype} of shape {value.shape}")
+    return [int(v) for v in value.reshape(-1)]
+
+
+PATTERNS = [Rot90()]

@@ -1,0 +1,343 @@
+"""Scaled dot-product attention (torch F.scaled_dot_product_attention) as MatMul/Softmax/MatMul.
+
+Matches:
+- ``ScaledDotProductAttention(query, key, value[, attn_mask]; is_causal:int=0,
+  scale:float=(1/sqrt(E)), dropout_p:float=0.0, enable_gqa:int=0)`` in any domain;
+- torch's fallbacks ``org.pytorch.aten::scaled_dot_product_attention`` and
+  ``ATen(operator="scaled_dot_product_attention")``, what the legacy exporter emits below
+  opset 14: inputs ``(query, key, value, attn_mask or "", dropout_p, is_causal,
+  scale or "", enable_gqa)`` with the non-tensor arguments as constants (exports from
+  older torch versions without ``scale``/``enable_gqa`` are accepted too).
+
+Semantics are torch's: query ``(*, L, E)``, key ``(*, S, E)``, value ``(*, S, Ev)``, batch
+dims broadcast -> ``(*, L, Ev)``::
+
+    scores = (query * scale) @ key^T                    # scale defaults to 1/sqrt(E)
+    is_causal: scores[i, j] = -inf for j > i            # top-left aligned, as torch
+    bool attn_mask: scores = -inf where the mask is False; float attn_mask: scores += mask
+    out = softmax(scores, -1) @ value
+    rows whose every score is masked out give 0 (torch's CPU kernels do; plain softmax
+    would give NaN); NaN inputs still give NaN
+    enable_gqa: key/value heads (dim -3) are repeated to the query's (repeat_interleave)
+
+Before -> after::
+
+    SDPA(q, k, v, mask)  ->  Mul(q, scale) -> MatMul(., Transpose(k)) -> Where/Add(mask)
+                             -> Softmax(-1) -> MatMul(., v) -> Where(row fully masked, 0)
+
+float16/bfloat16 are computed in float32 and rounded once at the end (torch's CPU kernels
+accumulate in float32 too). The causal mask comes from two Ranges over the run-time L and S;
+a fully-masked row is detected on the mask (small when it broadcasts), not on the scores.
+
+Envelope: opsets 11+; every dim dynamic; the ranks of query and key must be known.
+``dropout_p`` must be a constant 0 (training-mode dropout is random and is rejected);
+``is_causal``, ``scale`` and ``enable_gqa`` must be constants; ``is_causal`` with an
+``attn_mask`` is rejected, as torch rejects it. Masks: bool, float32 or query's dtype (as
+torch). With ``enable_gqa`` and query heads not a multiple of key heads, ONNX Runtime fails
+at run time where torch raises.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+_FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT,
+                TensorProto.DOUBLE)
+_NARROW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+# ATen argument positions after (query, key, value).
+_MASK, _DROPOUT, _CAUSAL, _SCALE, _GQA = 3, 4, 5, 6, 7
+
+
+class AttentionFacts(NamedTuple):
+    elem_type: int  # of query, key, value and the output
+    q_rank: int
+    k_rank: int
+    mask: str | None  # the mask tensor name, if any
+    mask_is_bool: bool
+    mask_type: int | None
+    causal: bool
+    scale: float | None  # None: 1/sqrt(E)
+    head_dim: int | None  # E when static
+    gqa_groups: int | None  # 1: no repetition; None: computed at run time (enable_gqa)
+
+    @property
+    def compute_type(self) -> int:
+        return TensorProto.FLOAT if self.elem_type in _NARROW_TYPES else self.elem_type
+
+
+def _constant_scalar(node: MatchedNode, index: int, ctx: MatchContext, name: str) -> Any:
+    """A scalar argument of the ATen form (None if absent); must be a constant."""
+    if len(node.inputs) <= index or not node.inputs[index]:
+        return None
+    value = ctx.constant(node.inputs[index])
+    if value is None or value.size != 1:
+        raise Reject(f"{name} (input {index + 1}) must be a constant scalar")
+    return value.reshape(()).item()
+
+
+def _type_name(elem_type: int | None) -> str:
+    return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
+
+
+class ScaledDotProductAttention(Pattern[AttentionFacts]):
+    op_type = "ScaledDotProductAttention"
+    aten_operator = "scaled_dot_product_attention"
+    attributes = {
+        "is_causal": Attr("int", default=0, choices=(0, 1), doc="1: mask j > i"),
+        "scale": Attr("float", default=None, doc="absent: 1/sqrt(E)"),
+        "dropout_p": Attr("float", default=0.0, doc="must be 0 (inference)"),
+        "enable_gqa": Attr("int", default=0, choices=(0, 1),
+                           doc="1: repeat key/value heads to the query's"),
+    }
+
+    def _arguments(self, node: MatchedNode, ctx: MatchContext
+                   ) -> tuple[str | None, float, bool, float | None, bool]:
+        """(mask, dropout_p, is_causal, scale, enable_gqa) from either form."""
+        if node.form == "aten":
+            if not 3 <= len(node.inputs) <= 8:
+                raise Reject(f"expected 3 to 8 inputs, got {len(node.inputs)}")
+            mask = node.inputs[_MASK] if len(node.inputs) > _MASK else ""
+            dropout = _constant_scalar(node, _DROPOUT, ctx, "dropout_p")
+            causal = _constant_scalar(node, _CAUSAL, ctx, "is_causal")
+            scale = _constant_scalar(node, _SCALE, ctx, "scale")
+            gqa = _constant_scalar(node, _GQA, ctx, "enable_gqa")
+            return (mask or None, float(dropout or 0.0), bool(causal),
+                    None if scale is None else float(scale), bool(gqa))
+        if not 3 <= len(node.inputs) <= 4:
+            raise Reject(f"expected 3 or 4 inputs (query, key, value[, attn_mask]), got "
+                         f"{len(node.inputs)}")
+        mask = node.inputs[3] if len(node.inputs) > 3 else ""
+        attrs = node.attrs
+        return (mask or None, float(attrs["dropout_p"]), bool(attrs["is_causal"]),
+                attrs["scale"], bool(attrs["enable_gqa"]))
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> AttentionFacts:
+        if len(node.inputs) < 3 or not all(node.inputs[:3]):
+            raise Reject("query, key and value are required")
+        if len(node.outputs) != 1 or not node.outputs[0]:
+            raise Reject(f"expected 1 output, got {len(node.outputs)}")
+        mask, dropout, causal, scale, gqa = self._arguments(node, ctx)
+        if dropout != 0.0:
+            raise Reject(f"dropout_p = {dropout}: only inference (dropout_p = 0) can be "
+                         f"rewritten; dropout is random")
+        if causal and mask is not None:
+            raise Reject("is_causal with an attn_mask: torch rejects this combination")
+        if scale is not None and not math.isfinite(scale):
+            raise Reject(f"scale {scale} is not finite")
+        query, key, value = node.inputs[:3]
+        elem_type = ctx.elem_type(query)
+        if elem_type not in _FLOAT_TYPES:
+            raise Reject(f"query must be float16, bfloat16, float32 or float64, got "
+                         f"{_type_name(elem_type)}")
+        for label, name in (("key", key), ("value", value)):
+            if ctx.elem_type(name) != elem_type:
+                raise Reject(f"{label} must have query's dtype ({_type_name(elem_type)}), got "
+                             f"{_type_name(ctx.elem_type(name))}")
+        q_shape, k_shape = ctx.shape(query), ctx.shape(key)
+        if q_shape is None or k_shape is None:
+            raise Reject("the ranks of query and key must be known (give them value_info "
+                         "or typed graph inputs)")
+        if len(q_shape) < 2 or len(k_shape) < 2:
+            raise Reject(f"query and key need rank >= 2, got {len(q_shape)} and "
+                         f"{len(k_shape)}")
+        mask_type = None
+        mask_is_bool = False
+        if mask is not None:
+            mask_type = ctx.elem_type(mask)
+            mask_is_bool = mask_type == TensorProto.BOOL
+            if not mask_is_bool and mask_type not in (TensorProto.FLOAT, elem_type):
+                raise Reject(f"attn_mask must be bool, float32 or query's dtype "
+                             f"({_type_name(elem_type)}), got {_type_name(mask_type)}")
+        head_dim = q_shape[-1] if isinstance(q_shape[-1], int) else None
+        groups: int | None = 1
+        if gqa:
+            groups = _gqa_groups(q_shape, k_shape)
+        return AttentionFacts(elem_type, len(q_shape), len(k_shape), mask, mask_is_bool,
+                              mask_type, causal, scale, head_dim, groups)
+
+    def build(self, b: Builder, node: MatchedNode, facts: AttentionFacts) -> None:
+        compute = facts.compute_type
+        dtype = numpy_dtype(compute)
+        narrow = compute != facts.elem_type
+        query, key, value = (b.input(name, numpy_dtype(facts.elem_type))
+                             for name in node.inputs[:3])
+        if narrow:
+            query, key, value = (b.Cast(x, compute, hint=f"{label}_f32") for x, label in
+                                 ((query, "query"), (key, "key"), (value, "value")))
+        if facts.gqa_groups != 1:
+            key = _repeat_heads(b, key, query, facts, "key")
+            value = _repeat_heads(b, value, query, facts, "value")
+        scale: Value | float
+        if facts.scale is not None:
+            scale = facts.scale
+        elif facts.head_dim is not None:
+            scale = 1.0 / math.sqrt(facts.head_dim) if facts.head_dim else math.inf
+        else:
+            head_dim = b.Cast(b.Shape(query, facts.q_rank - 1, facts.q_rank), compute,
+                              hint="head_dim")
+            scale = b.Reciprocal(b.Sqrt(head_dim), hint="scale")
+        if isinstance(scale, float):
+            scaled_query = query * np.asarray(scale, dtype) if scale != 1.0 else query
+        else:
+            scaled_query = b.Mul(query, scale, hint="query_scaled")
+        k_rank = facts.k_rank
+        key_t = b.Transpose(key, [*range(k_rank - 2), k_rank - 1, k_rank - 2], hint="key_T")
+        scores = b.MatMul(scaled_query, key_t, hint="scores")  # (*, L, S)
+        rank = max(facts.q_rank, facts.k_rank)
+        minus_inf = np.asarray(-np.inf, dtype)
+        dead_rows: Value | None = None
+        if facts.causal:
+            scores = b.Where(_causal_keep(b, query, key, scores, facts, rank), scores,
+                             minus_inf, hint="scores_causal")
+        elif facts.mask is not None:
+            mask = b.input(facts.mask, None if facts.mask_type is None
+                           else numpy_dtype(facts.mask_type))
+            if facts.mask_is_bool:
+                scores = b.Where(mask, scores, minus_inf, hint="scores_masked")
+                # A row with no True cannot attend anywhere: torch gives 0 there.
+                alive = b.ReduceMax(b.Cast(mask, np.int32, hint="mask_i32"), [-1],
+                                    hint="mask_row_any")
+                dead_rows = b.Equal(alive, np.int32(0), hint="dead_rows")
+            else:
+                if facts.mask_type != compute:
+                    mask = b.Cast(mask, compute, hint="mask_cast")
+                scores = b.Add(scores, mask, hint="scores_masked")
+                dead_rows = b.Equal(b.ReduceMax(mask, [-1], hint="mask_row_max"),
+                                    minus_inf, hint="dead_rows")
+        weights = b.Softmax(scores, -1, hint="weights")
+        final = None if narrow or dead_rows is not None else node.outputs[0]
+        out = b.MatMul(weights, value, hint="attention", out=final)  # (*, L, Ev)
+        if dead_rows is not None:
+            final = None if narrow else node.outputs[0]
+            out = b.Where(dead_rows, np.zeros((), dtype), out, hint="attention_dead_rows",
+                          out=final)
+        if narrow:
+            b.Cast(out, facts.elem_type, hint="attention_cast", out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: AttentionFacts
+                     ) -> list[OutputType]:
+        rank = max(facts.q_rank, facts.k_rank)
+        return [(facts.elem_type, [None] * rank)]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        query, key, value = (np.asarray(x) for x in inputs[:3])
+        mask = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
+        if len(inputs) > 4:  # the ATen forms: the arguments are inputs
+            def arg(index: int, default: Any) -> Any:
+                if len(inputs) <= index or inputs[index] is None:
+                    return default
+                return np.asarray(inputs[index]).reshape(()).item()
+            dropout, causal = arg(_DROPOUT, 0.0), arg(_CAUSAL, False)
+            scale, gqa = arg(_SCALE, None), arg(_GQA, False)
+        else:
+            dropout, causal = attrs.get("dropout_p", 0.0), attrs.get("is_causal", 0)
+            scale, gqa = attrs.get("scale"), attrs.get("enable_gqa", 0)
+        if dropout:
+            raise ValueError("dropout_p must be 0")
+        return [attention_reference(query, key, value, None if mask is None else
+                                    np.asarray(mask), bool(causal), scale, bool(gqa))]
+
+
+def _gqa_groups(q_shape: tuple, k_shape: tuple) -> int | None:
+    """How many query heads share one key head: static if both head counts are."""
+    if len(q_shape) < 3 or len(k_shape) < 3:
+        raise Reject("enable_gqa needs query and key of rank >= 3 (heads at dim -3)")
+    q_heads, k_heads = q_shape[-3], k_shape[-3]
+    if isinstance(q_heads, int) and isinstance(k_heads, int):
+        if k_heads == 0 or q_heads % k_heads:
+            raise Reject(f"enable_gqa: query heads {q_heads} are not a multiple of key "
+                         f"heads {k_heads}")
+        return q_heads // k_heads
+    if q_heads is not None and q_heads == k_heads:
+        return 1  # the same symbolic dim
+    return None
+
+
+def _repeat_heads(b: Builder, x: Value, query: Value, facts: AttentionFacts,
+                  label: str) -> Value:
+    """repeat_interleave(x, groups, dim=-3): (*, H, S, D) -> (*, H*groups, S, D), as
+    Unsqueeze -> Expand over a new axis -> Reshape (a broadcast copy, no Gather)."""
+    rank, q_rank = facts.k_rank, facts.q_rank
+    spread = b.Unsqueeze(x, [rank - 2], hint=f"{label}_heads")  # (*, H, 1, S, D)
+    ones = [1] * (rank - 2)
+    if facts.gqa_groups is not None:
+        repeats: Any = [*ones, facts.gqa_groups, 1, 1]
+    else:
+        # G = Hq / H, read off the query viewed as (*, H, G, L, E) rather than computed
+        # with a Div of shape values (which TVM's importer cannot do).
+        grouped = b.Reshape(query, b.Concat(
+            b.Shape(query, 0, q_rank - 3, hint="query_batch"),
+            b.Shape(x, rank - 3, rank - 2, hint=f"{label}_head_count"),
+            np.asarray([-1], np.int64), b.Shape(query, q_rank - 2, q_rank, hint="query_LE"),
+            axis=0, hint="query_grouped_shape"), hint="query_grouped")
+        repeats = b.Concat(np.asarray(ones, np.int64),
+                           b.Shape(grouped, q_rank - 2, q_rank - 1, hint="groups"),
+                           np.asarray([1, 1], np.int64), axis=0, hint=f"{label}_repeats")
+    spread = b.Expand(spread, repeats, hint=f"{label}_repeated")  # (*, H, G, S, D)
+    # The head dim is the query's own (not -1), so engines tracking symbolic dims see the
+    # same head count on both sides of the scores MatMul.
+    shape = b.Concat(b.Shape(x, 0, rank - 3, hint=f"{label}_batch"),
+                     b.Shape(query, q_rank - 3, q_rank - 2, hint="query_heads"),
+                     b.Shape(x, rank - 2, rank, hint=f"{label}_SD"),
+                     axis=0, hint=f"{label}_shape")
+    return b.Reshape(spread, shape, hint=f"{label}_gqa")
+
+
+def _causal_keep(b: Builder, query: Value, key: Value, scores: Value, facts: AttentionFacts,
+                 rank: int) -> Value:
+    """keep[i, j] = j <= i over (L, S), as a (1, ..., 1, L, S) bool tensor; both index
+    ranges are unsqueezed to the full rank explicitly. The result is reshaped to the
+    scores' own (L, S): a Range's length is a new symbolic dim to engines that track them
+    (TVM), which then cannot broadcast it against the scores."""
+    q_len = b.Gather(b.Shape(query, hint="query_shape"), facts.q_rank - 2, hint="L")
+    k_len = b.Gather(b.Shape(key, hint="key_shape"), facts.k_rank - 2, hint="S")
+    rows = b.Unsqueeze(b.Range(np.int64(0), q_len, np.int64(1), hint="rows"),
+                       [*range(rank - 2), rank - 1], hint="rows_col")  # (1.., L, 1)
+    cols = b.Unsqueeze(b.Range(np.int64(0), k_len, np.int64(1), hint="cols"),
+                       list(range(rank - 1)), hint="cols_row")  # (1.., 1, S)
+    keep = b.LessOrEqual(cols, rows, hint="causal_keep_ranges")
+    shape = b.Concat(np.ones(rank - 2, np.int64), b.Shape(scores, rank - 2, rank), axis=0,
+                     hint="causal_shape")
+    return b.Reshape(keep, shape, hint="causal_keep")
+
+
+def attention_reference(query: np.ndarray, key: np.ndarray, value: np.ndarray,
+                        mask: np.ndarray | None = None, is_causal: bool = False,
+                        scale: float | None = None, enable_gqa: bool = False) -> np.ndarray:
+    """numpy reference of torch's scaled_dot_product_attention, in float64."""
+    dtype = query.dtype
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (query, key, value))
+    if enable_gqa:
+        groups = q.shape[-3] // k.shape[-3]
+        k, v = np.repeat(k, groups, axis=-3), np.repeat(v, groups, axis=-3)
+    factor = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    scores = (q @ np.swapaxes(k, -1, -2)) * factor
+    length, source = scores.shape[-2], scores.shape[-1]
+    allowed = np.ones((length, source), dtype=bool)
+    bias = np.zeros((length, source))
+    if is_causal:
+        allowed = np.tril(allowed)
+    if mask is not None:
+        if mask.dtype == np.bool_:
+            allowed = allowed & mask
+        else:
+            bias = bias + mask.astype(np.float64)
+    if source == 0:  # nothing to attend to: torch gives zeros
+        return np.zeros((*scores.shape[:-1], v.shape[-1]), dtype=dtype)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores = np.where(allowed, scores + bias, -np.inf)
+        top = np.max(scores, axis=-1, keepdims=True)
+        dead = np.isneginf(top)  # every score masked out: torch gives 0
+        exp = np.exp(scores - np.where(dead, 0.0, top))
+        weights = exp / np.where(dead, 1.0, np.sum(exp, axis=-1, keepdims=True))
+    return (weights @ v).astype(dtype)
+
+
+PATTERNS = [ScaledDotProductAttention()]

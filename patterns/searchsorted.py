@@ -1,0 +1,449 @@
+"""searchsorted (torch.searchsorted): insertion indices, by torch's own binary search.
+
+Matches:
+- torch's fallbacks ``org.pytorch.aten::searchsorted(sorted_sequence, values, out_int32,
+  right, side, sorter)`` and ``ATen(operator="searchsorted")``, both overloads (``values`` a
+  tensor, or a Python number, which the exporter writes as a 0-d Constant); ``out_int32``
+  and ``right`` are constant bools, ``side`` a constant string or absent, ``sorter`` an
+  int64 tensor or absent;
+- ``SearchSorted(sorted_sequence, values, [sorter]; right:int=0, side:string="",
+  out_int32:int=0)`` in any domain.
+
+Semantics are exactly torch's CPU kernel, including inputs it calls undefined (a NaN tail
+from torch.sort, unsorted rows): the result is what torch's binary search returns,
+    lower bound (right=0, side "left"): first index where the search stops on
+                                         NOT (s[mid] >= v), i.e. moves right past it
+    upper bound (right=1 or side "right"): moves right on NOT (s[mid] > v)
+so a NaN value gives n, values outside the range give 0 or n, ties go to the first
+(left) or past the last (right) equal element. ``sorter`` reads s[sorter[mid]].
+A 1-D sequence (n,) serves values of any shape (a 0-d value gives a 0-d result); an N-D
+sequence (..., n) serves values (..., m) with the same leading dims. Both are compared in
+torch's promoted dtype (a 0-d Constant value is a Python number: it does not widen the
+sequence's dtype within its category, and an int sequence with a float number compares in
+float32, torch's default dtype). Indices are int64, or int32 with out_int32.
+
+Before -> after::
+
+    static n <= 2**16: torch's loop as a walk down its decision tree (exact on any input)
+        s = Pad(sequence[sorter], one extra element)      # a finished search reads s[n]
+        at_node = Gather(s, MIDS)                         # (..., 2**K), K = n.bit_length()
+        node = 1; K times:  stop = at_node[node] >= v    # (> for right)
+                            node = Where(stop, 2 node, 2 node + 1)
+        result = Gather(LEAF_STARTS, node)                # in the output dtype
+      MIDS and LEAF_STARTS are constants from simulating torch's loop on every path
+      (``search_tree``): 4 ops per step on values-sized int32 tensors, O(m log n).
+    static n > 2**16: the same loop tracking (start, end) per value (no tables, 8 ops/step)
+    dynamic n: count = ReduceSum(Cast(Not(s[None, :] >= v[:, None])))   # (m, n) compares
+
+The count form equals the search exactly when the sequence is sorted with no NaN (which
+torch requires); with a NaN in a run-time-length sequence it may differ from torch.
+
+Envelope: opsets 11+; sequence and values uint8/int8/int16/int32/int64/float16/bfloat16/
+float32/float64 (compared in the promoted type, widened to int32/float32 where ONNX
+Runtime lacks a kernel or merges casts: exact); ranks must be known; every dim dynamic (the
+search length n static for the exact unrolled forms; a dynamic n costs m * n compares).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+T = TensorProto
+_CATEGORY: dict[int, int] = {T.BOOL: 0, T.UINT8: 1, T.INT8: 1, T.INT16: 1, T.INT32: 1,
+                             T.INT64: 1, T.FLOAT16: 2, T.BFLOAT16: 2, T.FLOAT: 2, T.DOUBLE: 2}
+_INT_ORDER: list[int] = [T.INT8, T.INT16, T.INT32, T.INT64]
+_BITS: dict[int, int] = {T.UINT8: 8, T.INT8: 8, T.INT16: 16, T.INT32: 32, T.INT64: 64,
+                         T.FLOAT16: 16, T.BFLOAT16: 16, T.FLOAT: 32, T.DOUBLE: 64}
+# The type comparisons run in, per promoted type: exact widenings to types every op used has
+# an ONNX Runtime kernel for. float16 too: ONNX Runtime runs float16 comparisons by inserting
+# casts to float32 and then merges Cast(float64 -> float16) -> Cast(float16 -> float32) into
+# one cast, losing the float16 rounding torch compares with; an explicit widening is kept.
+_COMPUTE_TYPE: dict[int, int] = {
+    T.UINT8: T.INT32, T.INT8: T.INT32, T.INT16: T.INT32, T.INT32: T.INT32, T.INT64: T.INT64,
+    T.FLOAT16: T.FLOAT, T.BFLOAT16: T.FLOAT, T.FLOAT: T.FLOAT, T.DOUBLE: T.DOUBLE}
+MAX_RANK = 64
+# Static lengths up to this walk the decision tree (constant tables of 4n int32 values);
+# longer ones track (start, end) per value, which needs no tables (2 more ops per step).
+TREE_MAX_LENGTH = 2**16
+
+
+def torch_promote_types(a: int, b: int) -> int:
+    """torch.promote_types for the real dtypes (differs from numpy: int64 + float32 is
+    float32, float16 + bfloat16 is float32)."""
+    if a == b:
+        return a
+    ca, cb = _CATEGORY[a], _CATEGORY[b]
+    if ca != cb:
+        return a if ca > cb else b
+    if ca == 2:
+        if {a, b} == {T.FLOAT16, T.BFLOAT16}:
+            return T.FLOAT
+        return a if _BITS[a] > _BITS[b] else b
+    if T.UINT8 in (a, b):  # uint8 with a signed int: a signed type holding both
+        other = b if a == T.UINT8 else a
+        return T.INT16 if other == T.INT8 else other
+    return max(a, b, key=_INT_ORDER.index)
+
+
+def comparison_type(sequence_type: int, values_type: int, values_kind: str) -> int:
+    """torch.result_type of (sequence, values): ``values_kind`` is "tensor" (dimensioned),
+    "zero_dim" (a 0-d tensor) or "number" (a Python scalar, a 0-d Constant in exports)."""
+    if values_kind == "tensor":
+        return torch_promote_types(sequence_type, values_type)
+    if _CATEGORY[values_type] <= _CATEGORY[sequence_type]:
+        return sequence_type
+    if values_kind == "zero_dim":
+        return values_type
+    return T.FLOAT if _CATEGORY[values_type] == 2 else T.INT64  # torch's default dtypes
+
+
+class SearchFacts(NamedTuple):
+    right: bool
+    out_type: int  # INT64 or INT32
+    sequence_type: int
+    values_type: int
+    compare_type: int  # torch's promoted type
+    compute_type: int  # the type the graph compares in
+    sequence_rank: int
+    values_shape: tuple[int | str | None, ...]
+    length: int | None  # static n, or None
+    sorter: str | None
+
+
+class SearchSorted(Pattern):
+    op_type = "SearchSorted"
+    aten_operator = "searchsorted"
+    attributes = {
+        "right": Attr("int", default=0, choices=(0, 1), doc="1: upper bound (side='right')"),
+        "side": Attr("string", default="", choices=("", "left", "right"),
+                     doc='"left", "right" or "" (then right decides)'),
+        "out_int32": Attr("int", default=0, choices=(0, 1), doc="1: int32 indices"),
+    }
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> SearchFacts:
+        if len(node.outputs) != 1:
+            raise Reject(f"expected 1 output, got {len(node.outputs)}")
+        inputs = node.inputs
+        if node.form == "aten":
+            if len(inputs) != 6 or not inputs[0] or not inputs[1]:
+                raise Reject("expected 6 inputs (sorted_sequence, self, out_int32, right, "
+                             f"side, sorter), got {len(inputs)}")
+            out_int32 = _constant_flag(ctx, inputs[2], "out_int32")
+            right = _constant_flag(ctx, inputs[3], "right")
+            side = _constant_side(ctx, inputs[4]) if inputs[4] else ""
+            sorter = inputs[5] or None
+        else:
+            if not 2 <= len(inputs) <= 3 or not inputs[0] or not inputs[1]:
+                raise Reject(f"expected 2 or 3 inputs (sorted_sequence, values, [sorter]), "
+                             f"got {len(inputs)}")
+            out_int32 = bool(node.attrs["out_int32"])
+            right = bool(node.attrs["right"])
+            side = node.attrs["side"]
+            sorter = inputs[2] if len(inputs) == 3 and inputs[2] else None
+        if side == "left" and right:
+            raise Reject("side 'left' and right=True contradict each other (torch raises)")
+        right = right or side == "right"
+
+        sequence, values = inputs[0], inputs[1]
+        sequence_shape, values_shape = ctx.shape(sequence), ctx.shape(values)
+        if sequence_shape is None or values_shape is None:
+            raise Reject("the ranks of sorted_sequence and values must be known; give them "
+                         "typed graph inputs or value_info")
+        rank = len(sequence_shape)
+        if rank == 0:
+            raise Reject("sorted_sequence must have at least one dimension")
+        if max(rank, len(values_shape)) > MAX_RANK:
+            raise Reject(f"ranks above {MAX_RANK} are refused")
+        if rank > 1:
+            if not values_shape:
+                raise Reject("a 0-d value needs a 1-D sorted_sequence (torch raises)")
+            if len(values_shape) != rank:
+                raise Reject(f"an N-D sorted_sequence (rank {rank}) needs values of the same "
+                             f"rank, got rank {len(values_shape)}")
+            for s_dim, v_dim in zip(sequence_shape[:-1], values_shape[:-1], strict=True):
+                if isinstance(s_dim, int) and isinstance(v_dim, int) and s_dim != v_dim:
+                    raise Reject(f"leading dims differ: sorted_sequence {sequence_shape}, "
+                                 f"values {values_shape}")
+        if sorter is not None:
+            sorter_type = ctx.elem_type(sorter)
+            if sorter_type != T.INT64:
+                raise Reject(f"sorter must be int64, got {_name(sorter_type)}")
+            sorter_shape = ctx.shape(sorter)
+            if sorter_shape is not None and len(sorter_shape) != rank:
+                raise Reject("sorter must have the shape of sorted_sequence")
+
+        sequence_type, values_type = ctx.elem_type(sequence), ctx.elem_type(values)
+        for label, elem_type in (("sorted_sequence", sequence_type), ("values", values_type)):
+            if elem_type not in _CATEGORY or (label == "sorted_sequence"
+                                              and elem_type == T.BOOL):
+                raise Reject(f"{label} has element type {_name(elem_type)}; supported: "
+                             "uint8, int8/16/32/64, float16, bfloat16, float32, float64")
+        assert sequence_type is not None and values_type is not None
+        if values_shape == ():
+            kind = "number" if ctx.constant(values) is not None else "zero_dim"
+        else:
+            kind = "tensor"
+        compare_type = comparison_type(sequence_type, values_type, kind)
+        last = sequence_shape[-1]
+        return SearchFacts(right, T.INT32 if out_int32 else T.INT64, sequence_type,
+                           values_type, compare_type, _COMPUTE_TYPE[compare_type], rank,
+                           tuple(values_shape), last if isinstance(last, int) else None,
+                           sorter)
+
+    def build(self, b: Builder, node: MatchedNode, facts: SearchFacts) -> None:
+        sequence = self._typed(b, node.inputs[0], facts.sequence_type, facts, "sequence")
+        values = self._typed(b, node.inputs[1], facts.values_type, facts, "values")
+        if facts.sorter is not None:
+            sorter = b.input(facts.sorter, np.int64)
+            sequence = (b.Gather(sequence, sorter, axis=0, hint="sequence_sorted")
+                        if facts.sequence_rank == 1 else
+                        b.GatherElements(sequence, sorter, -1, hint="sequence_sorted"))
+        out = node.outputs[0]
+        if facts.length is None:
+            self._build_count(b, sequence, values, facts, out)
+        else:
+            self._build_search(b, sequence, values, facts, out)
+
+    @staticmethod
+    def _typed(b: Builder, name: str, elem_type: int, facts: SearchFacts, hint: str) -> Value:
+        """The input cast to torch's comparison type, then widened to the compute type."""
+        value = b.input(name, elem_type)
+        if elem_type != facts.compare_type:
+            value = b.Cast(value, facts.compare_type, hint=f"{hint}_promoted")
+        if facts.compare_type != facts.compute_type:
+            value = b.Cast(value, facts.compute_type, hint=f"{hint}_widened")
+        return value
+
+    def _goes_left(self, b: Builder, middle: Value, values: Value, facts: SearchFacts,
+                   hint: str) -> Value:
+        """torch's test for ending the search at or before mid: s[mid] >= v (> for right).
+        NaN on either side compares False, so the search moves right, as in torch."""
+        if facts.right:
+            return b.Greater(middle, values, hint=hint)
+        return b.GreaterOrEqual(middle, values, hint=hint)
+
+    def _build_search(self, b: Builder, sequence: Value, values: Value, facts: SearchFacts,
+                      out: str) -> None:
+        n = facts.length
+        assert n is not None
+        batched = facts.sequence_rank > 1
+        if n == 0:  # torch returns 0 everywhere
+            zeros = b.ConstantOfShape(b.Shape(values), 0, np.int64, hint="empty")
+            b.Cast(zeros, facts.out_type, hint="result", out=out)
+            return
+        # One element past the end: a finished search (start == end == n) still reads s[n].
+        pads = [0] * (2 * facts.sequence_rank)
+        pads[-1] = 1
+        padded = b.Pad(sequence, pads, np.zeros((), sequence.dtype), hint="sequence_padded")
+        if n <= TREE_MAX_LENGTH:
+            self._build_tree(b, padded, values, facts, out)
+            return
+
+        def read(index: Value | int, hint: str) -> Value:
+            if isinstance(index, int):  # the first step: one column, same for all values
+                column = b.Gather(padded, index, axis=-1, hint=hint)
+                return b.Unsqueeze(column, [facts.sequence_rank - 1],
+                                   hint=f"{hint}_col") if batched else column
+            if batched:
+                return b.GatherElements(padded, index, -1, hint=hint)
+            return b.Gather(padded, index, axis=0, hint=hint)
+
+        # Step 1 is the same for every value: mid = n // 2.
+        mid0 = n // 2
+        left = self._goes_left(b, read(mid0, "s_mid1"), values, facts, "left1")
+        end = b.Where(left, np.int64(mid0), np.int64(n), hint="end1")
+        start = b.Where(left, np.int64(0), np.int64(mid0 + 1), hint="start1")
+        steps = n.bit_length()
+        written = False
+        for step in range(2, steps + 1):
+            last = step == steps
+            mid = start + b.Div(end - start, np.int64(2), hint=f"half{step}")
+            left = self._goes_left(b, read(mid, f"s_mid{step}"), values, facts,
+                                   f"left{step}")
+            # A finished search (start == end) must stay put: mid + 1 only while mid < end.
+            right_start = b.Where(b.Less(mid, end, hint=f"open{step}"), mid + 1, end,
+                                  hint=f"next{step}")
+            written = last and facts.out_type == T.INT64
+            start = b.Where(left, start, right_start, hint=f"start{step}",
+                            out=out if written else None)
+            if not last:
+                end = b.Where(left, mid, end, hint=f"end{step}")
+        if facts.out_type != T.INT64:
+            b.Cast(start, facts.out_type, hint="result", out=out)
+        elif not written:  # n == 1: the first step was the whole search
+            b.Identity(start, hint="result", out=out)
+
+    def _build_tree(self, b: Builder, padded: Value, values: Value, facts: SearchFacts,
+                    out: str) -> None:
+        """torch's search as a walk down its decision tree (see ``search_tree``): per step
+        one gather of s at the node, one comparison, node = 2 node (+ 1 to go right)."""
+        n = facts.length
+        assert n is not None
+        depth = n.bit_length()
+        mids, leaf_starts = search_tree(n)
+        out_dtype = np.int32 if facts.out_type == T.INT32 else np.int64
+        # s at every node's mid, once: (..., 2**depth), small next to the values.
+        at_node = b.Gather(padded, mids.astype(np.int32), axis=-1, hint="s_at_node")
+        batched = facts.sequence_rank > 1
+        # The root (node 1) is the same for every value: one column.
+        root = b.Gather(at_node, 1, axis=-1, hint="s_root")
+        if batched:
+            root = b.Unsqueeze(root, [facts.sequence_rank - 1], hint="s_root_col")
+        stop = self._goes_left(b, root, values, facts, "stop1")
+        node = b.Where(stop, np.int32(2), np.int32(3), hint="node1")
+        for step in range(2, depth + 1):
+            here = (b.GatherElements(at_node, node, -1, hint=f"s_node{step}") if batched
+                    else b.Gather(at_node, node, axis=0, hint=f"s_node{step}"))
+            stop = self._goes_left(b, here, values, facts, f"stop{step}")
+            doubled = b.Add(node, node, hint=f"down{step}")
+            node = b.Where(stop, doubled, doubled + 1, hint=f"node{step}")
+        # Leaves are nodes 2**depth .. 2**(depth+1) - 1; the table holds their answers.
+        table = np.zeros(2 ** (depth + 1), out_dtype)
+        table[2**depth:] = leaf_starts
+        b.Gather(table, node, axis=0, hint="result", out=out)
+
+    def _build_count(self, b: Builder, sequence: Value, values: Value, facts: SearchFacts,
+                     out: str) -> None:
+        rank, values_rank = facts.sequence_rank, len(facts.values_shape)
+        if rank > 1:  # (..., 1, n) against (..., m, 1)
+            table_sequence = b.Unsqueeze(sequence, [rank - 1], hint="sequence_rows")
+        else:  # (1, ..., 1, n) against (..., 1)
+            table_sequence = b.Unsqueeze(sequence, list(range(values_rank)),
+                                         hint="sequence_rows") if values_rank else sequence
+        table_values = b.Unsqueeze(values, [values_rank], hint="values_col")
+        left = self._goes_left(b, table_sequence, table_values, facts, "left")
+        moves_right = b.Cast(b.Not(left, hint="moves_right"), facts.out_type,
+                             hint="moves_right_count")
+        b.ReduceSum(moves_right, [values_rank], keepdims=False, hint="result", out=out)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SearchFacts
+                     ) -> list[OutputType]:
+        return [(facts.out_type, facts.values_shape)]
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        sequence, values = np.asarray(inputs[0]), np.asarray(inputs[1])
+        if len(inputs) == 6:  # the ATen form
+            out_int32, right = bool(inputs[2]), bool(inputs[3])
+            side: Any = inputs[4] if inputs[4] is not None else ""
+            sorter: np.ndarray | None = inputs[5]
+            number = values.ndim == 0
+        else:
+            out_int32 = bool(attrs.get("out_int32", 0))
+            right = bool(attrs.get("right", 0))
+            side = attrs.get("side", "")
+            sorter = inputs[2] if len(inputs) > 2 else None
+            number = False
+        if isinstance(side, (bytes, np.ndarray)):
+            side = np.asarray(side).reshape(()).item()
+            side = side.decode() if isinstance(side, bytes) else str(side)
+        return [searchsorted_reference(sequence, values, right or side == "right",
+                                       out_int32, sorter, number)]
+
+
+def search_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """torch's binary search over n elements unrolled into a complete binary tree of depth
+    ``n.bit_length()`` (the most iterations its loop makes): node 1 is the root, node 2i
+    follows "stop" (s[mid] >= v, so end = mid) and 2i + 1 "go right" (start = mid + 1).
+    Returns ``mids`` (position read at each node, by node number) and the final ``start``
+    at each leaf (leaf number - 2**depth). A search that has finished (start == end)
+    keeps reading s[start] and both of its children repeat its state, as torch stops."""
+    depth = n.bit_length()
+    mids = np.zeros(2**depth, np.int64)
+    start, end = np.zeros(1, np.int64), np.full(1, n, np.int64)
+    for level in range(depth):
+        active = start < end
+        mid = np.where(active, start + ((end - start) >> 1), start)
+        mids[2**level:2**(level + 1)] = mid
+        next_start, next_end = np.empty(2 * start.size, np.int64), np.empty(2 * start.size,
+                                                                            np.int64)
+        next_start[0::2], next_end[0::2] = start, np.where(active, mid, end)
+        next_start[1::2], next_end[1::2] = np.where(active, mid + 1, start), end
+        start, end = next_start, next_end
+    return mids, start
+
+
+def searchsorted_reference(sequence: np.ndarray, values: np.ndarray, right: bool,
+                           out_int32: bool, sorter: np.ndarray | None = None,
+                           number: bool = False) -> np.ndarray:
+    """numpy reference: torch's cus_lower_bound / cus_upper_bound loop, per value."""
+    sequence_type = _onnx_type(sequence.dtype)
+    values_type = _onnx_type(values.dtype)
+    kind = "tensor" if values.ndim else ("number" if number else "zero_dim")
+    compare = _numpy(comparison_type(sequence_type, values_type, kind))
+    s = sequence.astype(compare)
+    v = values.astype(compare)
+    if sorter is not None:
+        s = np.take_along_axis(s, np.asarray(sorter, np.int64), axis=-1)
+    n = s.shape[-1]
+    result = np.zeros(v.shape, np.int64)
+    for position in np.ndindex(*v.shape):
+        row = s if s.ndim == 1 else s[position[:-1]]
+        value = v[position]
+        start, end = 0, n
+        while start < end:
+            mid = start + ((end - start) >> 1)
+            stop = row[mid] > value if right else row[mid] >= value
+            if not stop:
+                start = mid + 1
+            else:
+                end = mid
+        result[position] = start
+    return result.astype(np.int32 if out_int32 else np.int64)
+
+
+def _onnx_type(dtype: np.dtype) -> int:
+    if dtype == np.dtype("bool"):
+        return T.BOOL
+    if dtype.name == "bfloat16":
+        return T.BFLOAT16
+    return {np.dtype(np.uint8): T.UINT8, np.dtype(np.int8): T.INT8, np.dtype(np.int16): T.INT16,
+            np.dtype(np.int32): T.INT32, np.dtype(np.int64): T.INT64,
+            np.dtype(np.float16): T.FLOAT16, np.dtype(np.float32): T.FLOAT,
+            np.dtype(np.float64): T.DOUBLE}[np.dtype(dtype)]
+
+
+def _numpy(elem_type: int) -> Any:
+    if elem_type == T.BFLOAT16:
+        import ml_dtypes  # onnx's own dependency, for its bfloat16 arrays
+
+        return ml_dtypes.bfloat16
+    types: dict[int, Any] = {T.UINT8: np.uint8, T.INT8: np.int8, T.INT16: np.int16,
+                             T.INT32: np.int32, T.INT64: np.int64, T.FLOAT16: np.float16,
+                             T.FLOAT: np.float32, T.DOUBLE: np.float64}
+    return types[elem_type]
+
+
+def _constant_flag(ctx: MatchContext, name: str, label: str) -> bool:
+    if not name:
+        return False
+    value = ctx.constant(name)
+    if value is None or value.size != 1:
+        raise Reject(f"{label} (input '{name}') must be a constant bool")
+    return bool(value.reshape(()))
+
+
+def _constant_side(ctx: MatchContext, name: str) -> str:
+    value = ctx.constant(name)
+    if value is None or value.size != 1:
+        raise Reject(f"side (input '{name}') must be a constant string 'left' or 'right'; "
+                     "torch's legacy exporter writes side= as a Constant with a string "
+                     "attribute, which is not valid ONNX: pass right=True instead of "
+                     "side='right' when exporting")
+    text = value.reshape(()).item()
+    text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
+    if text not in ("left", "right"):
+        raise Reject(f"side must be 'left' or 'right', got {text!r}")
+    return text
+
+
+def _name(elem_type: int | None) -> str:
+    return "unknown" if elem_type is None else T.DataType.Name(elem_type).lower()
+
+
+PATTERNS = [SearchSorted()]

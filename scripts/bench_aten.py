@@ -1,0 +1,549 @@
+"""Benchmark the torch ATen-op decompositions against hand-written ONNX graphs and torch.
+
+In: ``--ops rot90 tril cummax searchsorted`` (default: all), ``--threads 1 2``,
+``--rounds N``, ``--quick`` (fewer rounds, no large cases), ``--json FILE``. Needs torch
+(the test extra).
+Out: one table per op on stdout, and the same numbers as JSON
+(default ``bench-results/bench_aten.json``): per case and thread count, the median time of
+each variant and the median of its per-round ratios to the baseline ``hand``.
+
+Variants, all timed in one process, interleaved in a shuffled order each round:
+- ``decomposer``: the ``org.pytorch.aten::<op>`` node torch's fallback export emits,
+  decomposed at the case's opset, every input dim symbolic except where the case says so;
+- ``decomposer_dynamic`` (cummax, searchsorted): the same with the scanned / searched
+  length symbolic too, which selects the length-independent form;
+- ``hand``: the fastest equivalent I could write by hand with standard ops, built here
+  with ``onnx.helper`` and static shapes (constants precomputed), independent of the
+  pattern's code: the baseline. ``hand_*``: other hand-written forms (``hand_slice``: a
+  Slice with step -1, fast on ONNX Runtime but not portable; ``hand_trilu``: Trilu-14;
+  ``hand_mask``: an (n x n) mask-and-reduce cummax; ``hand_count``: searchsorted as
+  (m x n) compares and a ReduceSum). The baselines: rot90 Gathers with constant reversed
+  indices, tril a Where with a constant mask, cummax a (value, index) pair scan,
+  searchsorted the textbook branchless bisection (exact for sorted NaN-free rows only);
+- ``torch_eager``: the torch op itself, same thread count.
+
+ORT sessions use pre-made OrtValue feeds, intra-op spinning off, 1 or 2 intra-op threads.
+The machine this runs on may be shared: repeated runs move single cells by 10-30%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import decomposer  # noqa: E402
+
+ATEN = "org.pytorch.aten"
+F32 = TensorProto.FLOAT
+
+
+# -- harness ----------------------------------------------------------------------------------
+
+
+class OrtRunner:
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        names = {i.name for i in self.session.get_inputs()}
+        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()
+                      if k in names}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.run_options = ort.RunOptions()
+
+    def __call__(self) -> None:
+        self.session.run_with_ort_values(self.outputs, self.feeds, self.run_options)
+
+    def results(self) -> list[np.ndarray]:
+        return [v.numpy() for v in self.session.run_with_ort_values(self.outputs, self.feeds,
+                                                                     self.run_options)]
+
+
+def _time(fn: Callable[[], Any], repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat
+
+
+def measure(variants: dict[str, Callable[[], Any]], rounds: int, baseline: str = "hand"
+            ) -> dict[str, Any]:
+    """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
+    repeats = {}
+    for name, fn in variants.items():
+        _time(fn, 1)  # warm-up
+        once = _time(fn, 2)
+        repeats[name] = max(1, min(200, int(0.02 / max(once, 1e-6))))
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    order = list(variants)
+    shuffler = random.Random(0)
+    for _ in range(rounds):
+        shuffler.shuffle(order)
+        this_round = {name: _time(variants[name], repeats[name]) for name in order}
+        for name, seconds in this_round.items():
+            times[name].append(seconds)
+            ratios[name].append(seconds / this_round[baseline])
+    return {"baseline": baseline, "rounds": rounds, "repeats": repeats,
+            "median_ms": {n: statistics.median(v) * 1e3 for n, v in times.items()},
+            "ratio_to_baseline": {n: statistics.median(v) for n, v in ratios.items()}}
+
+
+def model_of(nodes, inputs, outputs, opset: int, inits=(), extra_domains=()) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "bench", inputs, outputs, initializer=list(inits))
+    imports = [helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1)
+                                                 for d in extra_domains)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+def ints(name: str, values) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(values, np.int64), name)
+
+
+def const(name: str, value) -> onnx.TensorProto:
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def info(name: str, elem_type: int, dims) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem_type, dims)
+
+
+def aten_model(op: str, tensors: list[tuple[str, np.ndarray, list]], args: list,
+               outputs: list[tuple[str, int, int]], opset: int) -> onnx.ModelProto:
+    """One ``org.pytorch.aten::op`` node as torch's fallback export writes it: tensor inputs
+    (name, example, dims), then constant arguments (None = absent)."""
+    nodes, names = [], [name for name, _, _ in tensors]
+    for index, value in enumerate(args):
+        if value is None:
+            names.append("")
+            continue
+        names.append(f"arg{index}")
+        nodes.append(helper.make_node("Constant", [], [f"arg{index}"],
+                                      value=numpy_helper.from_array(np.asarray(value))))
+    nodes.append(helper.make_node(op, names, [o for o, _, _ in outputs], domain=ATEN,
+                                  name=op))
+    inputs = [info(name, helper.np_dtype_to_tensor_dtype(a.dtype), dims)
+              for name, a, dims in tensors]
+    outs = [info(o, t, [None] * rank) for o, t, rank in outputs]
+    return decomposer.decompose(model_of(nodes, inputs, outs, opset, extra_domains=[ATEN]))
+
+
+def symbolic(x: np.ndarray, prefix: str, static=()) -> list:
+    return [d if i in static else f"{prefix}{i}" for i, d in enumerate(x.shape)]
+
+
+def check_equal(variants: dict[str, Any], expected: list[np.ndarray], label: str) -> None:
+    """Every ONNX variant computes torch's answer (bit-exact) before anything is timed."""
+    for name, runner in variants.items():
+        if isinstance(runner, OrtRunner):
+            for got, want in zip(runner.results(), expected, strict=False):
+                if not np.array_equal(got, want, equal_nan=got.dtype.kind == "f"):
+                    raise AssertionError(f"{label}: variant {name} differs from torch")
+
+
+# -- rot90 ----------------------------------------------------------------------------------
+
+
+def rot90_hand_slice(shape, k: int, dims, opset: int) -> onnx.ModelProto:
+    """torch's own recipe with Slice step -1 (not portable: onnx2tf drops it)."""
+    rank = len(shape)
+    a, c = (d % rank for d in dims)
+    perm = list(range(rank))
+    perm[a], perm[c] = c, a
+    nodes, inits = [], []
+    flip_axes = {1: [c], 2: [a, c], 3: [a]}[k]
+    inits += [ints("s", [-1] * len(flip_axes)), ints("e", [-2**63] * len(flip_axes)),
+              ints("ax", flip_axes), ints("st", [-1] * len(flip_axes))]
+    if k == 2:
+        nodes.append(helper.make_node("Slice", ["x", "s", "e", "ax", "st"], ["y"]))
+    else:
+        nodes.append(helper.make_node("Slice", ["x", "s", "e", "ax", "st"], ["f"]))
+        nodes.append(helper.make_node("Transpose", ["f"], ["y"], perm=perm))
+    return model_of(nodes, [info("x", F32, list(shape))], [info("y", F32, [None] * rank)],
+                    opset, inits)
+
+
+def rot90_hand_gather(shape, k: int, dims, opset: int) -> onnx.ModelProto:
+    """Portable by hand: Gather with a constant reversed index (static shapes), at the outer
+    position; k = 2 flips both axes with two Gathers."""
+    rank = len(shape)
+    a, c = (d % rank for d in dims)
+    perm = list(range(rank))
+    perm[a], perm[c] = c, a
+    out_shape = list(shape)
+    out_shape[a], out_shape[c] = shape[c], shape[a]
+    nodes, inits = [], []
+    if k == 2:
+        inits += [ints("ra", np.arange(shape[a])[::-1].copy()),
+                  ints("rc", np.arange(shape[c])[::-1].copy())]
+        nodes += [helper.make_node("Gather", ["x", "ra"], ["f"], axis=a),
+                  helper.make_node("Gather", ["f", "rc"], ["y"], axis=c)]
+    else:
+        flipped = c if k == 1 else a  # the axis whose data is reversed
+        outer = min(a, c)
+        if flipped == outer:
+            inits.append(ints("r", np.arange(shape[outer])[::-1].copy()))
+            nodes += [helper.make_node("Gather", ["x", "r"], ["f"], axis=outer),
+                      helper.make_node("Transpose", ["f"], ["y"], perm=perm)]
+        else:
+            inits.append(ints("r", np.arange(out_shape[outer])[::-1].copy()))
+            nodes += [helper.make_node("Transpose", ["x"], ["t"], perm=perm),
+                      helper.make_node("Gather", ["t", "r"], ["y"], axis=outer)]
+    return model_of(nodes, [info("x", F32, list(shape))], [info("y", F32, [None] * rank)],
+                    opset, inits)
+
+
+ROT90_CASES = [  # (label, shape, k, dims)
+    ("k=1 dims=(1,2) 8x64x56x56", (8, 64, 56, 56), 1, (1, 2)),
+    ("k=3 dims=(0,2) 2x64x128x96", (2, 64, 128, 96), 3, (0, 2)),
+    ("k=2 dims=(1,3) 8x64x56x56", (8, 64, 56, 56), 2, (1, 3)),
+    ("k=1 dims=(2,3) 8x3x224x224", (8, 3, 224, 224), 1, (2, 3)),
+]
+
+
+def bench_rot90(threads: int, rounds: int, quick: bool) -> list[dict]:
+    import torch
+
+    results = []
+    for label, shape, k, dims in ROT90_CASES[:2] if quick else ROT90_CASES:
+        x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+        decomposed = aten_model("rot90", [("x", x, symbolic(x, "d"))], [np.int64(k),
+                                np.array(dims, np.int64)], [("y", F32, len(shape))], 13)
+        variants: dict[str, Any] = {
+            "decomposer": OrtRunner(decomposed, {"x": x}, threads),
+            "hand": OrtRunner(rot90_hand_gather(shape, k, dims, 13), {"x": x}, threads),
+            "hand_slice": OrtRunner(rot90_hand_slice(shape, k, dims, 13), {"x": x}, threads)}
+        xt = torch.from_numpy(x)
+        check_equal(variants, [torch.rot90(xt, k, list(dims)).numpy()], label)
+        variants["torch_eager"] = lambda xt=xt, k=k, dims=dims: torch.rot90(
+            xt, k, list(dims)).contiguous()
+        results.append({"op": "rot90", "case": label, "threads": threads,
+                        **measure(variants, rounds)})
+    return results
+
+
+# -- tril / triu --------------------------------------------------------------------------------
+
+
+TRIL_CASES = [  # (label, shape, diagonal, upper)
+    ("tril d=1 16x256x256", (16, 256, 256), 1, False),
+    ("triu d=-2 64x64x64", (64, 64, 64), -2, True),
+    ("tril d=0 4x1024x1024", (4, 1024, 1024), 0, False),
+]
+
+
+def tril_hand_mask(shape, diagonal: int, upper: bool, opset: int) -> onnx.ModelProto:
+    """Where with the (H, W) drop mask precomputed as a constant (static shapes)."""
+    h, w = shape[-2:]
+    keep = np.triu(np.ones((h, w), bool), diagonal) if upper else \
+        np.tril(np.ones((h, w), bool), diagonal)
+    nodes = [helper.make_node("Where", ["drop", "zero", "x"], ["y"])]
+    inits = [const("drop", ~keep), const("zero", np.float32(0))]
+    return model_of(nodes, [info("x", F32, list(shape))], [info("y", F32, [None] * 3)],
+                    opset, inits)
+
+
+def tril_hand_trilu(shape, diagonal: int, upper: bool) -> onnx.ModelProto:
+    nodes = [helper.make_node("Trilu", ["x", "k"], ["y"], upper=int(upper))]
+    return model_of(nodes, [info("x", F32, list(shape))], [info("y", F32, [None] * 3)], 17,
+                    [ints("k", diagonal)])
+
+
+def bench_tril(threads: int, rounds: int, quick: bool) -> list[dict]:
+    import torch
+
+    results = []
+    for label, shape, diagonal, upper in TRIL_CASES[:2] if quick else TRIL_CASES:
+        x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
+        op = "triu" if upper else "tril"
+
+        def decomposed(opset: int, x=x, op=op, diagonal=diagonal) -> onnx.ModelProto:
+            return aten_model(op, [("x", x, symbolic(x, "d"))], [np.int64(diagonal)],
+                              [("y", F32, 3)], opset)
+
+        variants: dict[str, Any] = {
+            "decomposer": OrtRunner(decomposed(13), {"x": x}, threads),
+            "decomposer_opset17": OrtRunner(decomposed(17), {"x": x}, threads),
+            "hand": OrtRunner(tril_hand_mask(shape, diagonal, upper, 13), {"x": x}, threads),
+            "hand_trilu": OrtRunner(tril_hand_trilu(shape, diagonal, upper), {"x": x},
+                                    threads)}
+        xt = torch.from_numpy(x)
+        fn = torch.triu if upper else torch.tril
+        check_equal(variants, [fn(xt, diagonal).numpy()], label)
+        variants["torch_eager"] = lambda fn=fn, xt=xt, diagonal=diagonal: fn(xt, diagonal)
+        results.append({"op": op, "case": label, "threads": threads,
+                        **measure(variants, rounds)})
+    return results
+
+
+# -- cummax -------------------------------------------------------------------------------------
+
+
+CUMMAX_CASES = [  # (label, shape, dim)
+    ("256x16 dim=1", (256, 16), 1),
+    ("64x64 dim=1", (64, 64), 1),
+    ("16x256 dim=1", (16, 256), 1),
+    ("4096x64 dim=0", (4096, 64), 0),
+    ("64x4096 dim=1", (64, 4096), 1),
+]
+
+
+def cummax_hand_pair_scan(shape, dim: int) -> onnx.ModelProto:
+    """(value, index) pairs through one doubling scan: take the earlier pair when it is
+    strictly greater, or NaN over a number (torch's rule); shifts by negative Pad."""
+    rank, n = len(shape), shape[dim]
+    nodes, inits = [], [const("lowest", np.float32(-np.inf)), const("minus1", np.int64(-1))]
+    positions = np.arange(n).reshape([n if a == dim else 1 for a in range(rank)])
+    inits.append(const("i0", positions.astype(np.int64)))
+    v, i = "x", "i0"
+    s = 1
+    while s < n:
+        pads = [0] * (2 * rank)
+        pads[dim], pads[rank + dim] = s, -s
+        inits.append(ints(f"p{s}", pads))
+        nodes += [
+            helper.make_node("Pad", [v, f"p{s}", "lowest"], [f"ev{s}"]),
+            helper.make_node("Pad", [i, f"p{s}", "minus1"], [f"ei{s}"]),
+            helper.make_node("Greater", [f"ev{s}", v], [f"gt{s}"]),
+            helper.make_node("IsNaN", [f"ev{s}"], [f"en{s}"]),
+            helper.make_node("IsNaN", [v], [f"n{s}"]),
+            helper.make_node("Not", [f"n{s}"], [f"nn{s}"]),
+            helper.make_node("And", [f"en{s}", f"nn{s}"], [f"nh{s}"]),
+            helper.make_node("Or", [f"gt{s}", f"nh{s}"], [f"take{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ev{s}", v], [f"v{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ei{s}", i], [f"i{s}"])]
+        v, i = f"v{s}", f"i{s}"
+        s *= 2
+    nodes += [helper.make_node("Identity", [i], ["indices"]),
+              helper.make_node("GatherElements", ["x", i], ["values"], axis=dim)]
+    return model_of(nodes, [info("x", F32, list(shape))],
+                    [info("values", F32, [None] * rank),
+                     info("indices", TensorProto.INT64, [None] * rank)], 13, inits)
+
+
+def cummax_hand_mask(shape, dim: int) -> onnx.ModelProto:
+    """(n x n) table of x[j] for j <= i, reduced: max, then the last j holding it (NaN:
+    the last NaN), the masks precomputed."""
+    rank, n = len(shape), shape[dim]
+    upto = np.tril(np.ones((n, n), bool))  # [i, j] = j <= i
+    upto = upto.reshape([*([1] * dim), n, n, *([1] * (rank - 1 - dim))])
+    j = np.arange(n).reshape([n if a == dim else 1 for a in range(rank)])
+    inits = [const("upto", upto), const("lowest", np.float32(-np.inf)), const("j", j),
+             const("n", np.int64(n)), const("minus1", np.int64(-1)),
+             ints("axis_i", [dim]), ints("axis_j", [dim + 1])]
+    nodes = [
+        helper.make_node("IsNaN", ["x"], ["nan"]),
+        helper.make_node("Where", ["nan", "lowest", "x"], ["key"]),
+        helper.make_node("Unsqueeze", ["key", "axis_i"], ["key_rows"]),
+        helper.make_node("Where", ["upto", "key_rows", "lowest"], ["table"]),
+        helper.make_node("ReduceMax", ["table"], ["running"], axes=[dim + 1], keepdims=1),
+        helper.make_node("Equal", ["table", "running"], ["hit"]),
+        helper.make_node("Unsqueeze", ["nan", "axis_i"], ["nan_rows"]),
+        helper.make_node("Or", ["hit", "nan_rows"], ["hit_or_nan"]),
+        helper.make_node("And", ["hit_or_nan", "upto"], ["hit_upto"]),
+        helper.make_node("Add", ["j", "n"], ["j_plus_n"]),
+        helper.make_node("Where", ["nan", "j_plus_n", "j"], ["score_j"]),
+        helper.make_node("Unsqueeze", ["score_j", "axis_i"], ["score_rows"]),
+        helper.make_node("Where", ["hit_upto", "score_rows", "minus1"], ["scores"]),
+        helper.make_node("ReduceMax", ["scores"], ["scored"], axes=[dim + 1], keepdims=0),
+        helper.make_node("Mod", ["scored", "n"], ["indices"]),
+        helper.make_node("GatherElements", ["x", "indices"], ["values"], axis=dim)]
+    return model_of(nodes, [info("x", F32, list(shape))],
+                    [info("values", F32, [None] * rank),
+                     info("indices", TensorProto.INT64, [None] * rank)], 13, inits)
+
+
+def bench_cummax(threads: int, rounds: int, quick: bool) -> list[dict]:
+    import torch
+
+    results = []
+    for label, shape, dim in CUMMAX_CASES[:3] if quick else CUMMAX_CASES:
+        rng = np.random.default_rng(0)
+        x = rng.integers(-1000, 1000, shape).astype(np.float32)
+        x[rng.random(shape) < 0.001] = np.nan
+        outputs = [("values", F32, len(shape)), ("indices", TensorProto.INT64, len(shape))]
+        variants: dict[str, Any] = {
+            "decomposer": OrtRunner(aten_model("cummax", [("x", x, symbolic(x, "d", [dim]))],
+                                               [np.int64(dim)], outputs, 13), {"x": x},
+                                    threads),
+            "decomposer_dynamic": OrtRunner(aten_model(
+                "cummax", [("x", x, symbolic(x, "d"))], [np.int64(dim)], outputs, 13),
+                {"x": x}, threads),
+            "hand": OrtRunner(cummax_hand_pair_scan(shape, dim), {"x": x}, threads)}
+        if shape[dim] <= 256:
+            variants["hand_mask"] = OrtRunner(cummax_hand_mask(shape, dim), {"x": x}, threads)
+        xt = torch.from_numpy(x)
+        values, indices = torch.cummax(xt, dim)
+        check_equal(variants, [values.numpy(), indices.numpy()], label)
+        variants["torch_eager"] = lambda xt=xt, dim=dim: torch.cummax(xt, dim)
+        results.append({"op": "cummax", "case": label, "threads": threads,
+                        **measure(variants, rounds)})
+    return results
+
+
+# -- searchsorted -------------------------------------------------------------------------------
+
+
+SEARCH_CASES = [  # (label, sequence shape, values shape)
+    ("n=16 1-D, 100k values", (16,), (100_000,)),
+    ("n=1024 1-D, 100k values", (1024,), (100_000,)),
+    ("n=128 batched 64 rows, 1k values each", (64, 128), (64, 1000)),
+]
+
+
+def search_hand_count(sequence_shape, values_shape) -> onnx.ModelProto:
+    """Count the sequence elements below each value: (m, n) compares and a ReduceSum (exact
+    for sorted NaN-free sequences, which is what torch requires)."""
+    rank = len(values_shape)
+    if len(sequence_shape) == 1:
+        seq_axes, val_axes = list(range(rank)), [rank]
+    else:
+        seq_axes, val_axes = [rank - 1], [rank]
+    inits = [ints("seq_axes", seq_axes), ints("val_axes", val_axes), ints("sum_axes", [rank])]
+    nodes = [helper.make_node("Unsqueeze", ["s", "seq_axes"], ["s_rows"]),
+             helper.make_node("Unsqueeze", ["v", "val_axes"], ["v_col"]),
+             helper.make_node("GreaterOrEqual", ["s_rows", "v_col"], ["stop"]),
+             helper.make_node("Not", ["stop"], ["below"]),
+             helper.make_node("Cast", ["below"], ["below_i"], to=TensorProto.INT64),
+             helper.make_node("ReduceSum", ["below_i", "sum_axes"], ["y"], keepdims=0)]
+    return model_of(nodes, [info("s", F32, list(sequence_shape)),
+                            info("v", F32, list(values_shape))],
+                    [info("y", TensorProto.INT64, [None] * rank)], 13, inits)
+
+
+def search_hand_bisect(sequence_shape, values_shape) -> onnx.ModelProto:
+    """The textbook branchless lower bound on a sorted sequence padded with +inf to 2**K:
+    K steps of pos += step where s[pos + step - 1] < v (written NOT >= so a NaN value runs
+    to the end, as in torch), then min(pos, n). Exact for sorted NaN-free sequences."""
+    n, rank = sequence_shape[-1], len(values_shape)
+    batched = len(sequence_shape) > 1
+    depth = max(n, 1).bit_length()
+    pads = [0] * (2 * len(sequence_shape))
+    pads[-1] = 2**depth - n
+    inits = [ints("pads", pads), const("inf", np.float32(np.inf)), const("n", np.int64(n))]
+    nodes = [helper.make_node("Pad", ["s", "pads", "inf"], ["s_pad"])]
+    position = "zero"
+    inits.append(const("zero", np.zeros([1] * rank, np.int64)))
+    for level in range(depth - 1, -1, -1):
+        step = 2**level
+        inits += [const(f"probe{step}", np.int64(step - 1)), const(f"step{step}", np.int64(step))]
+        nodes += [helper.make_node("Add", [position, f"probe{step}"], [f"at{step}"])]
+        if batched:
+            nodes += [helper.make_node("Expand", [f"at{step}", "v_shape"], [f"at_full{step}"]),
+                      helper.make_node("GatherElements", ["s_pad", f"at_full{step}"],
+                                       [f"s{step}"], axis=-1)]
+        else:
+            nodes += [helper.make_node("Gather", ["s_pad", f"at{step}"], [f"s{step}"], axis=0)]
+        nodes += [helper.make_node("GreaterOrEqual", [f"s{step}", "v"], [f"stop{step}"]),
+                  helper.make_node("Add", [position, f"step{step}"], [f"moved{step}"]),
+                  helper.make_node("Where", [f"stop{step}", position, f"moved{step}"],
+                                   [f"pos{step}"])]
+        position = f"pos{step}"
+    if batched:
+        nodes.insert(0, helper.make_node("Shape", ["v"], ["v_shape"]))
+    nodes.append(helper.make_node("Min", [position, "n"], ["y"]))
+    return model_of(nodes, [info("s", F32, list(sequence_shape)),
+                            info("v", F32, list(values_shape))],
+                    [info("y", TensorProto.INT64, [None] * rank)], 13, inits)
+
+
+def bench_searchsorted(threads: int, rounds: int, quick: bool) -> list[dict]:
+    import torch
+
+    results = []
+    for label, sequence_shape, values_shape in SEARCH_CASES[:2] if quick else SEARCH_CASES:
+        rng = np.random.default_rng(0)
+        sequence = np.sort(rng.normal(size=sequence_shape), -1).astype(np.float32)
+        values = rng.normal(size=values_shape).astype(np.float32)
+        feeds = {"s": sequence, "v": values}
+        last = len(sequence_shape) - 1
+        outputs = [("y", TensorProto.INT64, len(values_shape))]
+        args = [np.bool_(False), np.bool_(False), None, None]
+
+        def decomposed(static_length: bool, sequence=sequence, values=values, last=last,
+                       outputs=outputs, args=args) -> onnx.ModelProto:
+            return aten_model("searchsorted", [
+                ("s", sequence, symbolic(sequence, "s", [last] if static_length else [])),
+                ("v", values, symbolic(values, "v"))], args, outputs, 13)
+
+        variants: dict[str, Any] = {
+            "decomposer": OrtRunner(decomposed(True), feeds, threads),
+            "decomposer_dynamic": OrtRunner(decomposed(False), feeds, threads),
+            "hand": OrtRunner(search_hand_bisect(sequence_shape, values_shape), feeds,
+                              threads),
+            "hand_count": OrtRunner(search_hand_count(sequence_shape, values_shape), feeds,
+                                    threads)}
+        st, vt = torch.from_numpy(sequence), torch.from_numpy(values)
+        check_equal(variants, [torch.searchsorted(st, vt).numpy()], label)
+        variants["torch_eager"] = lambda st=st, vt=vt: torch.searchsorted(st, vt)
+        results.append({"op": "searchsorted", "case": label, "threads": threads,
+                        **measure(variants, rounds)})
+    return results
+
+
+BENCHES = {"rot90": bench_rot90, "tril": bench_tril, "cummax": bench_cummax,
+           "searchsorted": bench_searchsorted}
+
+
+def print_table(results: list[dict]) -> None:
+    columns: list[str] = []
+    for r in results:
+        columns += [c for c in r["ratio_to_baseline"] if c not in columns and c != "hand"]
+    print(f"{'op':<12} {'case':<38} {'thr':>3} {'hand ms':>8}  " +
+          " ".join(f"{c:>19}" for c in columns))
+    for r in results:
+        cells = [f"{r['ratio_to_baseline'][c]:>18.2f}x" if c in r["ratio_to_baseline"]
+                 else f"{'-':>19}" for c in columns]
+        print(f"{r['op']:<12} {r['case']:<38} {r['threads']:>3} "
+              f"{r['median_ms']['hand']:>8.3f}  " + " ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", nargs="+", choices=list(BENCHES), default=list(BENCHES))
+    parser.add_argument("--threads", nargs="+", type=int, default=[1])
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--quick", action="store_true", help="3 rounds, the small cases")
+    parser.add_argument("--json", default="bench-results/bench_aten.json")
+    args = parser.parse_args(argv)
+    import torch
+
+    rounds = 3 if args.quick else args.rounds
+    results: list[dict] = []
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for op in args.ops:
+            results += BENCHES[op](threads, rounds, args.quick)
+    print_table(results)
+    meta = {"python": platform.python_version(), "machine": platform.machine(),
+            "cpus": os.cpu_count(), "onnxruntime": ort.__version__,
+            "onnx": onnx.__version__, "torch": torch.__version__}
+    path = Path(args.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

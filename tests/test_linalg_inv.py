@@ -1,0 +1,317 @@
+"""Matrix inverse patterns (Inverse, linalg_inv, inverse, linalg_inv_ex) against torch.linalg.
+
+Oracle: ``torch.linalg.inv`` / ``torch.linalg.inv_ex`` in float64 (rounded to the input's
+dtype), and torch's real legacy exports at opsets 11 and 13.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from torch.onnx import OperatorExportTypes
+
+import decomposer
+from decomposer.patterns.linalg_inv import MAX_N, Inverse
+from decomposer.testing import Case, check_pattern
+
+from _helpers import custom_nodes, make_model, run_onnxruntime
+
+NEWEST = onnx.defs.onnx_opset_version()
+OPSETS = [11, 13, 17, NEWEST]
+ATEN = "org.pytorch.aten"
+ELEM = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
+
+
+def needs_pivoting(rng: np.random.Generator, batch: tuple[int, ...], n: int,
+                   dtype=np.float32) -> np.ndarray:
+    """Well-conditioned matrices (cond < ~3) whose dominant entries sit below the diagonal,
+    with A[0, 0] = 0: elimination without row exchanges divides by zero at once."""
+    noise = rng.uniform(-0.3, 0.3, (*batch, n, n))
+    dominant = np.roll(np.eye(n), -1, axis=0) * (n + 1) * rng.choice([-1.0, 1.0], n)
+    a = noise + dominant
+    if n > 1:
+        a[..., 0, 0] = 0
+    return a.astype(dtype)
+
+
+def torch_inverse(a: np.ndarray) -> np.ndarray:
+    return torch.linalg.inv(torch.from_numpy(a.astype(np.float64))).numpy().astype(a.dtype)
+
+
+def torch_inverse_ex(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    inverse, info = torch.linalg.inv_ex(torch.from_numpy(a))
+    return inverse.numpy(), info.numpy()
+
+
+def tolerances(dtype) -> dict[str, float]:
+    return {"atol": 1e-5, "rtol": 1e-4} if dtype == np.float32 else {"atol": 1e-12,
+                                                                      "rtol": 1e-10}
+
+
+def aten_model(operator: str, n: int | str, *, form: str = "fallthrough",
+               batch=("B",), dtype=np.float32, opset: int = 13,
+               check_errors: bool | None = False) -> onnx.ModelProto:
+    """One torch fallback node over A (*batch, n, n): ``org.pytorch.aten::<operator>`` or
+    ``ATen(operator=...)``; linalg_inv_ex gets its constant check_errors and two outputs."""
+    elem = ELEM[dtype]
+    inputs = ["A"]
+    nodes = []
+    outputs = [helper.make_tensor_value_info("X", elem, [None] * (len(batch) + 2))]
+    outs = ["X"]
+    if operator == "linalg_inv_ex":
+        if check_errors is not None:
+            nodes.append(helper.make_node("Constant", [], ["check"], name="check_const",
+                                          value=helper.make_tensor("v", TensorProto.BOOL, [],
+                                                                   [check_errors])))
+            inputs.append("check")
+        outs.append("info")
+        outputs.append(helper.make_tensor_value_info("info", TensorProto.INT32,
+                                                     [None] * len(batch)))
+    if form == "fallthrough":
+        nodes.append(helper.make_node(operator, inputs, outs, name="inv", domain=ATEN))
+    else:
+        nodes.append(helper.make_node("ATen", inputs, outs, name="inv", domain=ATEN,
+                                      operator=operator, overload_name=""))
+    a_info = helper.make_tensor_value_info("A", elem, [*batch, n, n])
+    return make_model(nodes, [a_info], outputs, opset, extra_opsets=[ATEN])
+
+
+# -- the native Inverse(A) form, through the kit ----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_inverse_every_size_batch_and_opset(dtype):
+    rng = np.random.default_rng(0)
+    cases = [Case([needs_pivoting(rng, (3,), n, dtype)], symbolic={0: [0]},
+                  more_inputs=[[needs_pivoting(rng, (5,), n, dtype)],
+                               [needs_pivoting(rng, (0,), n, dtype)]], id=f"n={n}")
+             for n in [1, 2, 3, 4, 5, 8, MAX_N]]
+    check_pattern(Inverse(), cases, opsets=OPSETS, domain="custom.ops", oracle=torch_inverse,
+                  **tolerances(dtype))
+
+
+def test_inverse_batch_ranks_identity_and_permutations():
+    rng = np.random.default_rng(1)
+    cases = []
+    for n in (2, 3, 4, 6):
+        eye = np.broadcast_to(np.eye(n, dtype=np.float32), (2, n, n)).copy()
+        flips = eye[..., ::-1, :].copy()  # anti-diagonal: every diagonal entry is 0
+        cases += [Case([eye], id=f"identity n={n}"), Case([flips], id=f"flip n={n}"),
+                  Case([needs_pivoting(rng, (), n)], id=f"unbatched n={n}"),
+                  Case([needs_pivoting(rng, (2, 3, 2), n)], symbolic={0: [0, 1, 2]},
+                       id=f"rank5 n={n}")]
+    results = check_pattern(Inverse(), cases, opsets=[13], domain="custom.ops",
+                            oracle=torch_inverse, atol=1e-5, rtol=1e-4)
+    for result in results:
+        assert not custom_nodes(result.model)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 7])
+@pytest.mark.parametrize("scale", [1e-30, 1e-12, 1e12, 1e30])
+def test_extreme_magnitudes(n, scale):
+    """Entries of 1e30 make det(A) = 1e120 for n = 4: the closed form must not overflow."""
+    a = needs_pivoting(np.random.default_rng(2), (4,), n, np.float64)
+    a32 = (a * scale).astype(np.float32)
+    out = decomposer.decompose(aten_model("linalg_inv", n))
+    (got,) = run_onnxruntime(out, {"A": a32})
+    want = np.linalg.inv(a32.astype(np.float64))
+    assert np.all(np.isfinite(got))
+    np.testing.assert_allclose(got * scale, want * scale, rtol=1e-4, atol=1e-5)
+
+
+def test_float64_extreme_magnitudes():
+    a = needs_pivoting(np.random.default_rng(3), (2,), 4, np.float64)
+    for scale in (1e-200, 1e200):
+        out = decomposer.decompose(aten_model("linalg_inv", 4, dtype=np.float64))
+        (got,) = run_onnxruntime(out, {"A": a * scale})
+        np.testing.assert_allclose(got * scale, np.linalg.inv(a), rtol=1e-10)
+
+
+def test_near_singular_but_invertible_needs_pivoting():
+    """A tiny leading entry: elimination without pivoting loses everything to rounding."""
+    base = np.array([[1e-9, 1, 2, 0, 1], [1, 1, 0, 2, 0], [0, 2, 1, 1, 1], [3, 0, 1, 1, 2],
+                     [1, 1, 1, 0, 1]], np.float64)
+    for n in (2, 3, 4, 5):
+        a = base[:n, :n].copy()
+        a[0, 0] = 1e-9
+        if np.linalg.cond(a) > 1e3:
+            continue
+        for dtype in (np.float32, np.float64):
+            out = decomposer.decompose(aten_model("linalg_inv", n, dtype=dtype))
+            (got,) = run_onnxruntime(out, {"A": a[None].astype(dtype)})
+            np.testing.assert_allclose(got[0], torch_inverse(a), **tolerances(dtype))
+
+
+# -- torch's fallback forms --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("form", ["fallthrough", "aten"])
+@pytest.mark.parametrize("operator", ["linalg_inv", "inverse"])
+def test_aten_forms(form, operator):
+    rng = np.random.default_rng(4)
+    for n in (3, 6):
+        out = decomposer.decompose(aten_model(operator, n, form=form))
+        onnx.checker.check_model(out, full_check=True)
+        assert not custom_nodes(out)
+        for batch in (1, 4):
+            a = needs_pivoting(rng, (batch,), n)
+            (got,) = run_onnxruntime(out, {"A": a})
+            np.testing.assert_allclose(got, torch_inverse(a), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("form", ["fallthrough", "aten"])
+@pytest.mark.parametrize("check_errors", [False, True, None])
+@pytest.mark.parametrize("opset", [11, 13, NEWEST])
+def test_inv_ex_regular_matrices_give_info_zero(form, check_errors, opset):
+    rng = np.random.default_rng(5)
+    out = decomposer.decompose(aten_model("linalg_inv_ex", 4, form=form, opset=opset,
+                                          check_errors=check_errors, batch=("B", "C")))
+    onnx.checker.check_model(out, full_check=True)
+    for batch in [(2, 3), (1, 1), (0, 2)]:
+        a = needs_pivoting(rng, batch, 4)
+        inverse, info = run_onnxruntime(out, {"A": a})
+        want, want_info = torch_inverse_ex(a)
+        assert info.dtype == np.int32 and info.shape == batch
+        np.testing.assert_array_equal(info, want_info)
+        np.testing.assert_allclose(inverse, want, atol=1e-5, rtol=1e-4)
+
+
+SINGULAR = [  # torch's info for each: the first zero pivot of LU with partial pivoting
+    [[1.0, 2], [2, 4]],
+    [[0.0, 0], [0, 0]],
+    [[1.0, 2, 3], [2, 4, 6], [1, 0, 1]],
+    [[1.0, 1, 3], [2, 2, 6], [1, 1, 1]],
+    [[1.0, 1, 3], [2, 2, 7], [1, 1, 1]],
+    [[0.0, 1, 2], [0, 3, 4], [0, 5, 6]],
+    [[1.0, 2, 3, 4, 5], [2, 4, 6, 8, 10], [0, 1, 0, 1, 0], [1, 0, 0, 0, 1], [0, 0, 1, 1, 1]],
+    [[0.0] * 5] * 5,
+]
+
+
+@pytest.mark.parametrize("matrix", SINGULAR, ids=lambda m: f"{len(m)}x{len(m)}")
+def test_singular_matrices_give_nonfinite_values_and_torchs_info(matrix):
+    a = np.array(matrix, np.float32)
+    n = len(matrix)
+    regular = needs_pivoting(np.random.default_rng(6), (), n)
+    batch = np.stack([a, regular])  # a singular and a regular matrix in one batch
+    want_inverse, want_info = torch_inverse_ex(batch)
+    assert want_info[0] > 0 and want_info[1] == 0  # the premise
+    (plain,) = run_onnxruntime(decomposer.decompose(aten_model("linalg_inv", n)), {"A": batch})
+    inverse, info = run_onnxruntime(decomposer.decompose(aten_model("linalg_inv_ex", n)),
+                                    {"A": batch})
+    for got in (plain, inverse):
+        assert not np.all(np.isfinite(got[0]))  # torch raises; the graph gives inf/NaN
+        np.testing.assert_allclose(got[1], want_inverse[1], atol=1e-5, rtol=1e-4)
+    np.testing.assert_array_equal(info, want_info)
+
+
+def test_zero_size_matrices():
+    """torch accepts 0 x 0 matrices: the inverse is empty and info is 0."""
+    for operator in ("linalg_inv", "linalg_inv_ex"):
+        out = decomposer.decompose(aten_model(operator, 0))
+        got = run_onnxruntime(out, {"A": np.zeros((3, 0, 0), np.float32)})
+        assert got[0].shape == (3, 0, 0)
+        if operator == "linalg_inv_ex":
+            np.testing.assert_array_equal(got[1], np.zeros(3, np.int32))
+
+
+# -- what is rejected ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dims, elem, reason", [
+    (["B", 3, 4], TensorProto.FLOAT, "must be square, got 3x4"),
+    (["B", "n", "n"], TensorProto.FLOAT, "matrix size of A is not static"),
+    (["B", MAX_N + 1, MAX_N + 1], TensorProto.FLOAT, f"above the supported {MAX_N}"),
+    (["B", 3, 3], TensorProto.INT32, "must be float32 or float64"),
+    (["B", 3, 3], TensorProto.FLOAT16, "must be float32 or float64"),
+    ([3], TensorProto.FLOAT, "rank >= 2"),
+    (None, TensorProto.FLOAT, "shape of A 'A' is unknown"),
+])
+def test_rejections_name_the_node_and_reason(dims, elem, reason):
+    if dims is None:  # fed by a Reshape to a run-time shape: rank unknown
+        inputs = [helper.make_tensor_value_info("flat", elem, ["N"]),
+                  helper.make_tensor_value_info("shape", TensorProto.INT64, [3])]
+        nodes = [helper.make_node("Reshape", ["flat", "shape"], ["A"], name="reshape")]
+    else:
+        inputs, nodes = [helper.make_tensor_value_info("A", elem, dims)], []
+    nodes.append(helper.make_node("Inverse", ["A"], ["X"], name="inv", domain="custom.ops"))
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("X", elem, None)], 13,
+                       extra_opsets=["custom.ops"])
+    with pytest.raises(decomposer.UnsupportedNodeError) as info:
+        decomposer.decompose(model, check=False)
+    message = str(info.value)
+    assert "node 'inv' (custom.ops::Inverse)" in message
+    assert reason in message
+
+
+def test_wrong_arity_is_rejected():
+    model = aten_model("linalg_inv", 3)
+    model.graph.node[0].input.append("A")  # linalg_inv(A, A)
+    with pytest.raises(decomposer.UnsupportedNodeError, match="expected 1 input"):
+        decomposer.decompose(model)
+
+
+def test_verify_passes():
+    model = aten_model("linalg_inv_ex", 5)
+    out = decomposer.decompose(model)
+    a = needs_pivoting(np.random.default_rng(7), (3,), 5)
+    report = decomposer.verify(model, out, {"A": a})
+    assert report.passed, report.table()
+
+
+# -- real torch exports ------------------------------------------------------------------------
+
+
+class Inv(torch.nn.Module):
+    def forward(self, a):
+        return torch.linalg.inv(a) @ a.sum(-1, keepdim=True)
+
+
+class InverseModel(torch.nn.Module):
+    def forward(self, a):
+        return torch.inverse(a * 2.0)
+
+
+class InvEx(torch.nn.Module):
+    def forward(self, a):
+        inverse, info = torch.linalg.inv_ex(a)
+        return inverse + 1.0, info
+
+
+@pytest.mark.parametrize("export_type", [OperatorExportTypes.ONNX_FALLTHROUGH,
+                                         OperatorExportTypes.ONNX_ATEN_FALLBACK],
+                         ids=["fallthrough", "aten_fallback"])
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("module, n", [(Inv, 3), (InverseModel, 6), (InvEx, 4)],
+                         ids=["linalg_inv", "inverse", "linalg_inv_ex"])
+def test_torch_export_decomposes_and_matches_eager(export_type, opset, module, n):
+    model = module().eval()
+    example = torch.from_numpy(needs_pivoting(np.random.default_rng(8), (2,), n))
+    outputs = ["X", "info"] if module is InvEx else ["X"]
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (example,), buffer, dynamo=False, opset_version=opset,
+                          operator_export_type=export_type, input_names=["A"],
+                          output_names=outputs,
+                          dynamic_axes={"A": {0: "B"}, **{o: {0: "B"} for o in outputs}})
+    original = onnx.load_from_string(buffer.getvalue())
+    assert [n_.domain for n_ in original.graph.node if n_.domain] == [ATEN]
+    out = decomposer.decompose(original)
+    onnx.checker.check_model(out, full_check=True)
+    assert {i.domain for i in out.opset_import} == {""}
+    for batch in (2, 5):
+        a = needs_pivoting(np.random.default_rng(batch), (batch,), n)
+        got = run_onnxruntime(out, {"A": a})
+        with torch.no_grad():
+            want = model(torch.from_numpy(a))
+        want = want if isinstance(want, tuple) else (want,)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.numpy().dtype
+            np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,395 @@
+"""SearchSorted pattern against torch.searchsorted: ties, both sides, values outside the
+range, NaN and infinities, NaN tails and unsorted rows (torch's own binary-search answer),
+batched sequences, sorter, out_int32, dtype promotion, every form."""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+from torch.onnx import OperatorExportTypes
+
+import decomposer
+from decomposer.patterns.searchsorted import SearchSorted
+from decomposer.testing import Case, check_pattern, compare, ir_version_for, run_onnxruntime
+
+NEWEST = onnx.defs.onnx_opset_version()
+ATEN = "org.pytorch.aten"
+nan, inf = np.nan, np.inf
+VALUES = np.array([nan, -inf, inf, 2, 2.5, 0, 5, -0.0, -6, 1, 3, -1, -2], np.float32)
+SORTED = [np.array(s, np.float32) for s in (
+    [2.0], [1, 2], [-1, 2, 2], [-3, -1, 0, 0, 1, 2, 2, 3], [-inf, 1, 2, 2, 3, inf],
+    [-2, -1, 0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5, 5.5, 6, 6.5, 7])]
+IRREGULAR = [np.array(s, np.float32) for s in (  # torch's answer depends on its search path
+    [-inf, 1, 2, 2, 3, inf, nan], [1, nan], [nan, nan, 1], [3, 1, 2, 0], [0, 5, 1, 4, 2, 3])]
+SIDES = [{}, {"right": 1}, {"side": "right"}, {"side": "left"}, {"out_int32": 1},
+         {"right": 1, "side": "right", "out_int32": 1}]
+
+
+def torch_searchsorted(sequence, values, sorter=None, right=0, side="", out_int32=0):
+    kwargs = {"right": bool(right), "out_int32": bool(out_int32)}
+    if side:
+        kwargs["side"] = side
+    if sorter is not None:
+        kwargs["sorter"] = torch.from_numpy(np.asarray(sorter))
+    # np.array copies C-contiguous (np.ascontiguousarray would make a 0-d value 1-D)
+    return torch.searchsorted(torch.from_numpy(np.array(sequence)),
+                              torch.from_numpy(np.array(values)), **kwargs).numpy()
+
+
+def cases(sequences, attrs, dynamic_length: bool):
+    out = []
+    for sequence in sequences:
+        values = [VALUES, VALUES.reshape(1, 13)[:, :5], np.zeros((0, 2), np.float32)]
+        # Static length: only the values' dims are symbolic. Dynamic: every dim.
+        out.append(Case([sequence, values[0]], attrs, output_dtype=np.int64, output_rank=1,
+                        symbolic="all" if dynamic_length else {1: [0]},
+                        more_inputs=[[sequence, values[0][::-1].copy()]],
+                        id=f"n={sequence.size} {attrs}"))
+    if attrs.get("out_int32"):
+        for case in out:
+            case.output_dtype = np.int32
+    return out
+
+
+@pytest.mark.parametrize("attrs", SIDES, ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items())
+                         or "default")
+def test_static_length_sorted_and_irregular_sequences(attrs):
+    check_pattern(SearchSorted(), cases(SORTED + IRREGULAR, attrs, False),
+                  opsets=[11, 13, NEWEST], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("attrs", SIDES[:3] + SIDES[4:5],
+                         ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()) or "default")
+def test_dynamic_length_sorted_sequences(attrs):
+    results = check_pattern(SearchSorted(), cases(SORTED, attrs, True), opsets=[11, 17],
+                            oracle=torch_searchsorted, atol=0, rtol=0)
+    assert all("ReduceSum" in r.op_types for r in results)  # the count form
+
+
+def test_empty_sequence_and_empty_values():
+    empty = np.zeros(0, np.float32)
+    check_pattern(SearchSorted(), [
+        Case([empty, VALUES], output_dtype=np.int64, output_rank=1),
+        Case([SORTED[3], np.zeros(0, np.float32)], output_dtype=np.int64, output_rank=1,
+             symbolic={1: [0]})], opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+def test_steps_follow_torchs_loop():
+    """n.bit_length() search steps: s at every tree node once, the root, one gather per
+    further step, and the leaf's answer."""
+    for n in (1, 2, 7, 8, 17):
+        sequence = np.arange(n, dtype=np.float32)
+        (result,) = check_pattern(SearchSorted(), [Case([sequence, VALUES], output_dtype=np.int64,
+                                                        output_rank=1, symbolic={1: [0]})],
+                                  opsets=[13], oracle=torch_searchsorted, atol=0, rtol=0)
+        assert result.op_types.count("Gather") == n.bit_length() + 2
+
+
+@pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
+def test_long_sequence_tracks_start_and_end(attrs):
+    """Past 2**16 elements no tables: (start, end) per value, the same loop."""
+    rng = np.random.default_rng(7)
+    n = 2**16 + 5
+    sequence = np.sort(rng.integers(-1000, 1000, n)).astype(np.float32)
+    sequence[-3:] = nan  # a NaN tail: torch's path-dependent answer
+    values = np.concatenate([rng.integers(-1100, 1100, 20).astype(np.float32),
+                             [nan, inf, -inf, sequence[0], sequence[n // 2]]])
+    (result,) = check_pattern(SearchSorted(), [
+        Case([sequence, values], attrs, output_dtype=np.int32 if attrs else np.int64,
+             output_rank=1, symbolic={1: [0]})], opsets=[13], oracle=torch_searchsorted,
+        atol=0, rtol=0)
+    assert "Less" in result.op_types and "Div" in result.op_types
+
+
+@pytest.mark.parametrize("dynamic_length", [False, True])
+@pytest.mark.parametrize("attrs", [{}, {"right": 1}])
+def test_batched_sequences_with_and_without_sorter(dynamic_length, attrs):
+    rng = np.random.default_rng(4)
+    sequences = np.sort(rng.integers(-5, 5, (2, 3, 9)), -1).astype(np.float64)
+    values = rng.integers(-6, 6, (2, 3, 4)).astype(np.float64)
+    values[0, 0, :2] = [nan, -inf]
+    symbolic = "all" if dynamic_length else {0: [0, 1], 1: [0, 1, 2]}
+    check_pattern(SearchSorted(), [Case([sequences, values], attrs, symbolic=symbolic,
+                                        output_dtype=np.int64, output_rank=3,
+                                        more_inputs=[[sequences[:1], values[:1, :, :1]]])],
+                  opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
+    # A shuffled sequence with the sorter that orders it (and a 1-D one).
+    order = np.argsort(rng.random((2, 3, 9)), -1)
+    shuffled = np.take_along_axis(sequences, order, -1)
+    sorter = np.argsort(shuffled, -1, kind="stable").astype(np.int64)
+    flat_sorter = np.argsort(shuffled[0, 0], kind="stable").astype(np.int64)
+    check_pattern(SearchSorted(), [
+        Case([shuffled, values, sorter], attrs, symbolic=symbolic, output_dtype=np.int64,
+             output_rank=3),
+        Case([shuffled[0, 0], values[0, 0], flat_sorter], attrs, output_dtype=np.int64,
+             output_rank=1, symbolic="all" if dynamic_length else {1: [0]})],
+        opsets=[13, 17], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("sequence_dtype, values_dtype", [
+    (np.int64, np.float32), (np.int32, np.int64), (np.uint8, np.int8), (np.float16, np.float64),
+    (np.int16, np.int16), (np.float16, np.float16), (np.int8, np.uint8), (np.int8, np.int64),
+    (np.float32, np.float64), (np.uint8, np.float16)])
+def test_dtype_promotion_as_torch(sequence_dtype, values_dtype):
+    rng = np.random.default_rng(5)
+    sequence = np.sort(rng.integers(0, 100, 20)).astype(sequence_dtype)
+    values = rng.integers(-3, 300, 9).astype(values_dtype)
+    if np.issubdtype(values_dtype, np.floating):
+        values = (values + 0.5).astype(values_dtype)
+    check_pattern(SearchSorted(), [Case([sequence, values], output_dtype=np.int64,
+                                        output_rank=1),
+                                   Case([sequence, values], {"right": 1}, symbolic="all",
+                                        output_dtype=np.int64, output_rank=1)],
+                  opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+def test_promotion_edges_that_differ_from_numpy():
+    # int64 with float32 compares in float32 (numpy would say float64): 2**24 + 1 rounds.
+    sequence = np.array([0, 1, 2, 16777217, 16777218], np.int64)
+    values = np.array([16777217.0, 16777218.0], np.float32)
+    check_pattern(SearchSorted(), [Case([sequence, values], output_dtype=np.int64,
+                                        output_rank=1)],
+                  opsets=[13], oracle=torch_searchsorted, atol=0, rtol=0)
+    # float16 with int64 compares in float16: 2049 rounds to 2048 (ONNX Runtime would merge
+    # the casts and compare 2049 in float32 if the pattern computed in float16).
+    check_pattern(SearchSorted(), [Case([np.array([2046, 2048, 2050], np.float16),
+                                         np.array([2049, 2051, 2047], np.int64)],
+                                        output_dtype=np.int64, output_rank=1)],
+                  opsets=[13], oracle=torch_searchsorted, atol=0, rtol=0)
+    # A 0-d float64 tensor value keeps its precision against a float16 sequence... but not
+    # its category's width: float16 + 0-d float64 compares in float16, like torch.
+    half = np.array([0, 1, 2.5], np.float16)
+    check_pattern(SearchSorted(), [Case([half, np.array(2.5001)], output_dtype=np.int64,
+                                        output_rank=0),
+                                   Case([sequence, np.array(16777217.0)],
+                                        output_dtype=np.int64, output_rank=0)],
+                  opsets=[13], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+def test_bfloat16_inputs():
+    """bfloat16 through a Cast inside the graph (numpy feeds have no bfloat16)."""
+    nodes = [helper.make_node("Cast", ["s"], ["s16"], to=TensorProto.BFLOAT16),
+             helper.make_node("Cast", ["v"], ["v16"], to=TensorProto.BFLOAT16),
+             helper.make_node("SearchSorted", ["s16", "v16"], ["y"], name="search",
+                              domain="custom.ops")]
+    graph = helper.make_graph(nodes, "bf16", [
+        helper.make_tensor_value_info("s", TensorProto.FLOAT, [6]),
+        helper.make_tensor_value_info("v", TensorProto.FLOAT, ["m"])],
+        [helper.make_tensor_value_info("y", TensorProto.INT64, ["m"])])
+    out = decomposer.decompose(helper.make_model(graph, ir_version=ir_version_for(13),
+                                                 opset_imports=[helper.make_opsetid("", 13),
+                                                                helper.make_opsetid(
+                                                                    "custom.ops", 1)]))
+    onnx.checker.check_model(out, full_check=True)
+    s = np.array([-1, 0, 1.001, 1.002, 2, 300.5], np.float32)
+    v = np.array([1.0, 1.001, 1.003, 301, nan, -2], np.float32)
+    (got,) = run_onnxruntime(out, {"s": s, "v": v})
+    expected = torch.searchsorted(torch.from_numpy(s).bfloat16(),
+                                  torch.from_numpy(v).bfloat16()).numpy()
+    compare(got, expected, "bfloat16", atol=0, rtol=0)
+
+
+def aten_model(form: str, sequence: np.ndarray, values, opset: int, *, out_int32=False,
+               right=False, side=None, sorter=None, number=False) -> onnx.ModelProto:
+    """torch's fallback node searchsorted(sequence, values, out_int32, right, side, sorter);
+    ``number`` makes ``values`` a Constant (the Scalar overload)."""
+    def const(name, value):
+        return helper.make_node("Constant", [], [name],
+                                value=onnx.numpy_helper.from_array(np.asarray(value), name))
+
+    inputs = [helper.make_tensor_value_info("s", helper.np_dtype_to_tensor_dtype(sequence.dtype),
+                                            [f"s{i}" for i in range(sequence.ndim)])]
+    nodes = [const("out_int32", np.array(out_int32)), const("right", np.array(right))]
+    if number:
+        nodes.append(const("v", values))
+    else:
+        inputs.append(helper.make_tensor_value_info(
+            "v", helper.np_dtype_to_tensor_dtype(values.dtype), [f"v{i}" for i in
+                                                                 range(values.ndim)]))
+    names = ["s", "v", "out_int32", "right", "", ""]
+    if side is not None:
+        nodes.append(const("side", np.array(side.encode(), dtype=object)))
+        names[4] = "side"
+    if sorter is not None:
+        inputs.append(helper.make_tensor_value_info("sorter", TensorProto.INT64,
+                                                    [f"s{i}" for i in range(sequence.ndim)]))
+        names[5] = "sorter"
+    if form == "aten":
+        nodes.append(helper.make_node("ATen", names, ["y"], name="search", domain=ATEN,
+                                      operator="searchsorted", overload_name=""))
+    else:
+        nodes.append(helper.make_node("searchsorted", names, ["y"], name="search", domain=ATEN))
+    rank = np.asarray(values).ndim
+    graph = helper.make_graph(nodes, "aten", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.INT32 if out_int32 else TensorProto.INT64, [None] * rank)])
+    return helper.make_model(graph, ir_version=ir_version_for(opset), opset_imports=[
+        helper.make_opsetid("", opset), helper.make_opsetid(ATEN, 1)])
+
+
+@pytest.mark.parametrize("form", ["fallthrough", "aten"])
+@pytest.mark.parametrize("opset", [11, 13, 17])
+def test_aten_forms(form, opset):
+    sequence = SORTED[3]
+    shuffled = sequence[::-1].copy()
+    sorter = np.argsort(shuffled, kind="stable").astype(np.int64)
+    settings = [dict(), dict(right=True), dict(side="right"), dict(out_int32=True),
+                dict(side="left", sorter=sorter), dict(right=True, sorter=sorter)]
+    for options in settings:
+        seq = shuffled if "sorter" in options else sequence
+        out = decomposer.decompose(aten_model(form, seq, VALUES, opset, **options))
+        onnx.checker.check_model(out, full_check=True)
+        assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
+        feeds = {"s": seq, "v": VALUES}
+        if "sorter" in options:
+            feeds["sorter"] = options["sorter"]
+        (got,) = run_onnxruntime(out, feeds)
+        kwargs = {k: v for k, v in options.items() if k != "side"}
+        kwargs["side"] = options.get("side", "")
+        compare(got, torch_searchsorted(seq, VALUES, **kwargs), str(options), atol=0, rtol=0)
+        side = np.array(options["side"].encode(), dtype=object) if "side" in options else None
+        reference = SearchSorted().reference(seq, VALUES, np.array(options.get("out_int32", 0)),
+                                             np.array(options.get("right", 0)), side,
+                                             options.get("sorter"))[0]
+        compare(got, reference, "reference", atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("value", [0.5, 3, 16777217.0, -inf, nan])
+def test_scalar_overload_is_a_python_number(value):
+    """A Constant 0-d value is torch's Scalar overload: with an int sequence a float number
+    compares in float32 (torch's default dtype), not in the Constant's float64."""
+    for sequence in (np.array([0, 1, 2, 16777217, 16777218], np.int64), SORTED[4]):
+        number = np.array(value)
+        out = decomposer.decompose(aten_model("fallthrough", sequence, number, 13, number=True))
+        onnx.checker.check_model(out, full_check=True)
+        (got,) = run_onnxruntime(out, {"s": sequence})
+        expected = torch.searchsorted(torch.from_numpy(sequence), value).numpy()
+        compare(got, expected, f"value {value}", atol=0, rtol=0)
+
+
+class SearchModel(torch.nn.Module):
+    def __init__(self, mode: str) -> None:
+        super().__init__()
+        self.mode = mode
+
+    def forward(self, sequence, values, sorter):
+        if self.mode == "plain":
+            return torch.searchsorted(sequence, values)
+        if self.mode == "right_int32":
+            return torch.searchsorted(sequence, values, right=True, out_int32=True)
+        if self.mode == "sorter":
+            return torch.searchsorted(sequence, values, sorter=sorter)
+        return torch.searchsorted(sequence[0], 0.25)  # the Scalar overload
+
+
+@pytest.mark.parametrize("export_type", [OperatorExportTypes.ONNX_FALLTHROUGH,
+                                         OperatorExportTypes.ONNX_ATEN_FALLBACK],
+                         ids=["fallthrough", "aten_fallback"])
+@pytest.mark.parametrize("opset", [11, 13])
+def test_torch_export_decomposes_and_matches_eager(export_type, opset):
+    rng = np.random.default_rng(6)
+    for mode in ("plain", "right_int32", "sorter", "scalar"):
+        model = SearchModel(mode).eval()
+        sequence = np.sort(rng.integers(-4, 4, (3, 8)), -1).astype(np.float32)
+        values = rng.integers(-5, 5, (3, 5)).astype(np.float32)
+        sorter = np.tile(np.arange(8), (3, 1)).astype(np.int64)
+        buffer = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, tuple(torch.from_numpy(a) for a in (sequence, values,
+                                                                         sorter)),
+                              buffer, dynamo=False, opset_version=opset,
+                              operator_export_type=export_type,
+                              input_names=["sequence", "values", "sorter"],
+                              dynamic_axes={"sequence": {0: "b"}, "values": {0: "b", 1: "m"},
+                                            "sorter": {0: "b"}})
+        original = onnx.load_from_string(buffer.getvalue())
+        assert [n for n in original.graph.node if n.domain == ATEN], "no fallback node"
+        out = decomposer.decompose(original)
+        onnx.checker.check_model(out, full_check=True)
+        assert {i.domain for i in out.opset_import} <= {"", "ai.onnx"}
+        names = {i.name for i in out.graph.input}
+        for batch, m in ((3, 5), (1, 2), (4, 7)):
+            feeds = {"sequence": np.sort(rng.integers(-4, 4, (batch, 8)), -1).astype(np.float32),
+                     "values": rng.integers(-5, 5, (batch, m)).astype(np.float32),
+                     "sorter": np.tile(np.arange(8), (batch, 1)).astype(np.int64)}
+            feeds["values"][0, 0] = nan
+            if mode == "sorter":  # a shuffled sequence and the order that sorts it
+                feeds["sequence"] = feeds["sequence"][:, ::-1].copy()
+                feeds["sorter"] = np.argsort(feeds["sequence"], -1,
+                                             kind="stable").astype(np.int64)
+            (got,) = run_onnxruntime(out, {k: v for k, v in feeds.items() if k in names})
+            with torch.no_grad():
+                expected = model(*(torch.from_numpy(feeds[k]) for k in
+                                   ("sequence", "values", "sorter"))).numpy()
+            compare(got, expected, f"{mode} batch {batch}", atol=0, rtol=0)
+
+
+def test_side_keyword_export_is_refused_with_a_reason():
+    """torch writes side= as a Constant with a string attribute, which is not valid ONNX:
+    decomposer refuses the input (exit 2), and with the check off names the fix."""
+    class Side(torch.nn.Module):
+        def forward(self, sequence, values):
+            return torch.searchsorted(sequence, values, side="right")
+
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Side(), (torch.arange(5.0), torch.zeros(3)), buffer, dynamo=False,
+                          opset_version=13,
+                          operator_export_type=OperatorExportTypes.ONNX_FALLTHROUGH)
+    original = onnx.load_from_string(buffer.getvalue())
+    with pytest.raises(decomposer.InvalidModelError):
+        decomposer.decompose(original)
+    with pytest.raises(decomposer.UnsupportedNodeError, match="pass right=True instead"):
+        decomposer.decompose(original, check=False)
+
+
+def _bad(form="fallthrough", **kwargs) -> onnx.ModelProto:
+    return aten_model(form, SORTED[3], VALUES, 13, **kwargs)
+
+
+def _with_fed(name: str) -> onnx.ModelProto:
+    """The flag ``name`` fed at run time instead of a Constant."""
+    model = _bad()
+    kept = [n for n in model.graph.node if list(n.output) != [name]]
+    del model.graph.node[:]
+    model.graph.node.extend(kept)
+    model.graph.input.append(helper.make_tensor_value_info(name, TensorProto.BOOL, []))
+    return model
+
+
+def _retyped(model: onnx.ModelProto, name: str, elem_type: int, dims) -> onnx.ModelProto:
+    for value in model.graph.input:
+        if value.name == name:
+            value.CopyFrom(helper.make_tensor_value_info(name, elem_type, dims))
+    return model
+
+
+@pytest.mark.parametrize("build, reason", [
+    (lambda: _with_fed("right"), "right (input 'right') must be a constant bool"),
+    (lambda: _with_fed("out_int32"), "out_int32 (input 'out_int32') must be a constant"),
+    (lambda: _bad(right=True, side="left"), "contradict each other"),
+    (lambda: _bad(side="middle"), "side must be 'left' or 'right'"),
+    (lambda: _retyped(_bad(sorter=np.arange(8)), "sorter", TensorProto.INT32, ["s0"]),
+     "sorter must be int64, got int32"),
+    (lambda: _retyped(_bad(), "s", TensorProto.FLOAT, ["a", "b"]),
+     "needs values of the same rank"),
+    (lambda: _retyped(_bad(), "s", TensorProto.BOOL, ["a"]),
+     "sorted_sequence has element type bool"),
+    (lambda: _retyped(_bad(), "s", TensorProto.FLOAT, []), "at least one dimension"),
+    (lambda: _retyped(_retyped(_bad(), "s", TensorProto.FLOAT, ["a", "n"]), "v",
+                      TensorProto.FLOAT, []), "0-d value needs a 1-D sorted_sequence"),
+    (lambda: _retyped(_retyped(_bad(), "s", TensorProto.FLOAT, [2, "n"]), "v",
+                      TensorProto.FLOAT, [3, "m"]), "leading dims differ"),
+])
+def test_bad_forms_are_rejected_with_the_node_named(build, reason):
+    with pytest.raises(decomposer.UnsupportedNodeError) as info:
+        decomposer.decompose(build())
+    message = str(info.value)
+    assert "node 'search'" in message and reason in message, message
