@@ -135,12 +135,19 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     for source in args.patterns:
         load_pattern_source(source, registry, override=args.override)
     if args.list_patterns:
-        for entry in registry:
+        entries = list(registry)
+        width = max([16, *(len(entry.pattern.name) + 1 for entry in entries)])
+        for entry in entries:
             pattern = entry.pattern
-            domains = "any domain" if pattern.domains is None else ", ".join(
-                sorted(d or "<default>" for d in pattern.domains))
-            aten = f"; ATen {pattern.aten_operator}" if pattern.aten_operator else ""
-            print(f"{pattern.name:<16} [{entry.source}] ({domains}{aten}) {pattern.summary}")
+            forms = []
+            if pattern.domains is None:
+                forms.append("any domain")
+            elif pattern.domains:
+                forms.append(", ".join(sorted(d or "<default>" for d in pattern.domains)))
+            if pattern.aten_operator:
+                forms.append(f"ATen {pattern.aten_operator}")
+            print(f"{pattern.name:<{width}} [{entry.source}] ({'; '.join(forms)}) "
+                  f"{pattern.summary}")
         return EXIT_OK
     if not args.input:
         parser.print_usage(sys.stderr)

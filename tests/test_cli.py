@@ -14,6 +14,7 @@ from onnx import TensorProto, helper
 
 from decomposer import __version__
 from decomposer.cli import main
+from decomposer.registry import build_registry
 
 from _helpers import make_model
 
@@ -133,7 +134,14 @@ def test_usage_errors_exit_2(example, capsys):
 def test_list_patterns_and_version(capsys):
     assert main(["--list-patterns"]) == 0
     out = capsys.readouterr().out
-    assert "AffineGrid" in out and "[built-in]" in out
+    lines = out.splitlines()
+    patterns = list(build_registry())
+    assert len(lines) == len(patterns)
+    for line, entry in zip(lines, patterns, strict=True):
+        assert line.startswith(entry.pattern.name + " ") and "[built-in]" in line
+        assert entry.pattern.summary and line.endswith(entry.pattern.summary)
+    # Each line describes the op itself, not where the project first met it.
+    assert "seed article" not in out.lower()
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"decomposer {__version__}"
 
