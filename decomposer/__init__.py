@@ -1,13 +1,14 @@
 """decomposer: rewrite custom ONNX nodes into standard ONNX ops, so stock runtimes run them.
 
 In: an exported ``.onnx`` model holding opaque nodes (custom-domain ops emitted by a
-``symbolic()``, or torch's ``org.pytorch.aten`` fallbacks). Out: an equivalent model of standard ONNX ops at the
-model's own opset.
+``symbolic()``, or torch's ``org.pytorch.aten`` fallbacks). Out: an equivalent model of
+standard ONNX ops at the model's own opset, runnable on every engine.
 
 Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_file`,
 :func:`load_model`, :func:`save_model`, :func:`verify`, :func:`require_passed`,
 :func:`register`, :class:`Pattern`, :class:`Attr`,
 :class:`Reject`, :class:`Report`, and the :class:`DecomposerError` family.
+``decomposer.torch`` (exporting from PyTorch) imports torch and is not imported here.
 """
 
 from __future__ import annotations
@@ -16,8 +17,12 @@ from decomposer.api import decompose, decompose_file, decompose_with_report, reg
 from decomposer.errors import (
     CheckFailedError,
     DecomposerError,
+    EngineRunError,
+    EngineUnavailableError,
+    ExportError,
     InvalidModelError,
     ModelIOError,
+    PatternBugError,
     PatternError,
     UnsupportedNodeError,
     VerificationError,
@@ -34,10 +39,14 @@ __all__ = [
     "Attr",
     "CheckFailedError",
     "DecomposerError",
+    "EngineRunError",
+    "EngineUnavailableError",
+    "ExportError",
     "InvalidModelError",
     "MatchedNode",
     "ModelIOError",
     "Pattern",
+    "PatternBugError",
     "PatternError",
     "Registry",
     "Reject",

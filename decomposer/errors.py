@@ -23,6 +23,12 @@ class InvalidModelError(DecomposerError):
     exit_code = 2
 
 
+class ExportError(InvalidModelError):
+    """``decomposer.torch.export``: torch could not export the model, or its export would be
+    silently wrong (a dim declared dynamic came out static, or the opset differs from the
+    one asked for)."""
+
+
 class UnsupportedNodeError(DecomposerError):
     """Non-standard nodes remain that no pattern can rewrite.
 

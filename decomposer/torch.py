@@ -65,7 +65,13 @@ from onnx import TensorProto, helper
 from torch.overrides import TorchFunctionMode
 
 from decomposer.api import decompose_with_report
-from decomposer.errors import DecomposerError, InvalidModelError, ModelIOError, VerificationError
+from decomposer.errors import (
+    DecomposerError,
+    ExportError,
+    InvalidModelError,
+    ModelIOError,
+    VerificationError,
+)
 from decomposer.modelio import load_model, save_model
 from decomposer.report import Report
 from decomposer.verification import TensorCheck, VerifyReport, compare, require_passed
@@ -106,11 +112,6 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 1
                          "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
                          "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
                          "ReduceLogSumExp")}}
-
-
-class ExportError(InvalidModelError):
-    """torch could not export the model, or its export would be silently wrong: a dim
-    declared dynamic came out static, or the opset differs from the one asked for."""
 
 
 # -- inputs and the dims declared dynamic ---------------------------------------------------

@@ -7,6 +7,7 @@ example's, which is what torch's own export silently gets wrong.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -122,7 +123,8 @@ def test_plain_torch_export_freezes_what_decomposer_keeps_dynamic(tmp_path, monk
     assert got.shape == (1, 9, 7, 2)
     # ... and, given torch's own export (no pattern to route to), refuses it before
     # anything is written.
-    monkeypatch.setattr(dtorch, "_pattern_rewrites", lambda *args, **kwargs: False)
+    monkeypatch.setattr(dtorch, "_pattern_rewrites",
+                        functools.lru_cache(lambda *args, **kwargs: False))
     with pytest.raises(dtorch.ExportError, match=r"input 'x' dim 2 .*fixed it to 16"):
         dtorch.export(AffineGridOfInput(), args, tmp_path / "frozen.onnx", opset_version=18,
                       dynamic_shapes=shapes)
