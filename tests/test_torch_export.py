@@ -105,7 +105,7 @@ def test_plain_torch_export_freezes_what_decomposer_keeps_dynamic(tmp_path, monk
     # sizes.
     args = (torch.randn(2, 3, 16, 20), torch.randn(2, 2, 3))
     shapes = {"x": {0: Dim.AUTO, 2: Dim.AUTO, 3: Dim.AUTO}, "theta": {0: Dim.AUTO}}
-    program = torch.onnx.export(AffineGridOfInput(), args, dynamo=True, verbose=False,
+    program = torch.onnx.export(AffineGridOfInput().eval(), args, dynamo=True, verbose=False,
                                 opset_version=18, dynamic_shapes=shapes)
     assert [isinstance(d, str) for d in dim_params(program.model_proto.graph.input[0])] == \
         [True, False, True, True]
