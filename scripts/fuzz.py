@@ -1,19 +1,30 @@
 """Fuzz decomposer with structure-aware and byte-level mutants of valid models.
 
-In: ``--count N`` mutants (default 10000), ``--seed S``, ``--timeout SECONDS`` per mutant.
-Out: one line of counts (mutants, decomposed, rejected, crashes, hangs) and, with
-``--json FILE``, every non-clean outcome. Exit 1 if any mutant crashed or hung.
+In: ``--count N`` mutants (default 10000), ``--seed S``, ``--timeout SECONDS`` per mutant;
+``--keep DIR`` saves each crashing or hanging mutant, ``--replay FILE...`` runs saved ones
+again, ``--describe FILE`` prints one, ``--check-seeds`` only checks the seed corpus.
+Out: one line of counts (mutants, decomposed, untouched, rejected, crashes, hangs), the
+refusals and crashes by kind, and, with ``--json FILE``, every crash and hang with the seed
+model it came from. Exit 1 if any mutant crashed or hung.
 
 Every mutant must either decompose (and the written model then passes
 ``onnx.checker.check_model(full_check=True)``), come back untouched when nothing in it is
-a custom node (and pass the structural check), or raise ``DecomposerError``. Anything
-else is a crash: another exception, or the process dying. Mutants run in a worker
-subprocess that is restarted when it dies or exceeds the per-mutant time limit (a hang),
-so a native crash in onnx or ONNX Runtime cannot take the campaign down with it.
+a custom node (and pass the structural check), or be refused with a ``DecomposerError``
+other than exit code 4. Anything else is a crash: exit 4 (``PatternBugError``, a pattern
+that crashed; ``CheckFailedError``, a rewritten model that fails the checker, tagged
+``declared type`` when only the input's own declared types contradict the result, else
+``ill-typed``), another exception (with the innermost decomposer or pattern file:line),
+or the worker dying. Mutants run in a worker subprocess, capped at 4 GiB of address space,
+that is restarted when it dies or exceeds the per-mutant time limit (a hang), so a native
+crash in onnx or ONNX Runtime cannot take the campaign down with it.
 
+Seeds (``SEEDS``): every built-in pattern in every form it matches (native in its
+domains, torch's ``org.pytorch.aten::<op>`` and ``ATen(operator=<op>)`` with constant
+arguments as the exporter writes them), plus chains, an If body and an ATen STN.
 Mutations (seeded, reproducible): attribute types and values, arity and empty input
-names, domain and op_type, opset imports (absurd versions included), dims (0, -1, 2**40)
-and dtypes, node order, deleted outputs, colliding names; plus byte flips, truncation and
+names, domain and op_type (every pattern's), opset imports (absurd versions included),
+input dims (0, -1, large, 2**62), ranks and dtypes, the values of Constants (ATen
+arguments), node order, deleted outputs, colliding names; plus byte flips, truncation and
 splices of the serialized model.
 """
 
@@ -53,40 +64,46 @@ def _vi(name, elem, dims):
 class Seed:
     """One small valid use of a pattern, from which every form it matches is seeded.
 
-    ``inputs``: typed graph inputs (name, element type, dims); ``outputs``: the node's
-    outputs' (element type, rank) (None: one output typed like the first input). ``attrs``: the native form's attributes; ``native``: the native
-    form's inputs (None: every graph input); ``domains``: (domain, default opset) pairs the
-    native form is seeded in (the pattern must match there; empty: no native seed).
-    ``aten``: torch's argument list for the ``org.pytorch.aten::<op>`` and
-    ``ATen(operator=<op>)`` forms, as the exporter writes it: a graph input's name, "" for
-    an absent argument, or a numpy value (written as a Constant node); None: no ATen seed.
+    ``inputs``: typed graph inputs (name, element type, dims), all fed to the native form;
+    ``outputs``: (element type, rank) of each node output, None for one output typed like
+    the first input; ``attrs``: the native form's attributes; ``domains``: the (domain,
+    default-domain opset) pairs the native form is seeded in (empty: no native seed).
+    ``aten``: the argument list of torch's ``org.pytorch.aten::<op>`` and
+    ``ATen(operator=<op>)`` forms as its exporter writes it: a graph input's name, "" for an
+    absent argument, or a numpy value, written as a Constant node (None: no ATen seed).
     """
 
     inputs: tuple[tuple[str, int, tuple], ...]
     outputs: tuple[tuple[int, int], ...] | None = None
     attrs: dict = field(default_factory=dict)
-    native: tuple[str, ...] | None = None
     domains: tuple[tuple[str, int], ...] = (("custom.ops", 17),)
     aten: tuple | None = None
     aten_opset: int = 13
 
 
-def _scalar(value, dtype):
-    return np.array(value, dtype)
+def _i64(value):
+    return np.array(value, np.int64)
 
 
+def _f64(value):
+    return np.array(value, np.float64)
+
+
+TRUE, FALSE = np.array(True), np.array(False)
 _X4 = ("x", F, ("N", 3, "H", "W"))
-# Per pattern class: its seeds. Every form of every built-in pattern must be seeded here
-# (check_seeds() says which is missing); the ATen argument lists follow torch's exporter
-# (see each pattern module's docstring and tests/test_<module>.py).
+_GRID = ("grid", F, ("N", "h", "w", 2))
+
+# Per pattern class, its seeds. Every form of every built-in pattern must be seeded here
+# (check_seeds() names what is missing); the ATen argument lists are what torch's legacy
+# exporter emits (see each pattern module's docstring and tests/test_<module>.py).
 SEEDS: dict[str, list[Seed]] = {
     "AffineGrid": [
-        Seed((("theta", F, ("N", 2, 3)), ("size", I64, (4,))), ((F, 4),), attrs={"align_corners": 1},
+        Seed((("theta", F, ("N", 2, 3)), ("size", I64, (4,))), ((F, 4),),
+             attrs={"align_corners": 1},
              domains=(("custom.ops", 16), ("", 13), ("ai.onnx.contrib", 20)),
-             aten=("theta", "size", _scalar(True, np.bool_)), aten_opset=16),
+             aten=("theta", "size", TRUE), aten_opset=16),
         Seed((("theta", F, ("N", 3, 4)), ("size", I64, (5,))), ((F, 5),),
-             domains=(("custom.ops", 11), ("", 19)),
-             aten=("theta", "size", _scalar(False, np.bool_))),
+             domains=(("custom.ops", 11), ("", 19)), aten=("theta", "size", FALSE)),
     ],
     "Rot90AndScale": [Seed((_X4,), attrs={"k": 3, "scale": 2.0, "clockwise": "yes"},
                            domains=(("custom.ops", 17), ("", 11)))],
@@ -94,39 +111,34 @@ SEEDS: dict[str, list[Seed]] = {
                                            "dims": "width,height"})],
     "Rot90": [
         Seed((("x", F, ("N", "C", 4, "W")),), attrs={"k": 1, "dims": [1, 3]},
-             aten=("x", _scalar(1, np.int64), np.array([1, 3], np.int64))),
+             aten=("x", _i64(1), _i64([1, 3]))),
         Seed((("x", I64, (2, "H", "W")),), attrs={"k": -1, "dims": [-1, -2]},
-             domains=(("custom.ops", 11),),
-             aten=("x", _scalar(3, np.int64), np.array([-2, -1], np.int64)), aten_opset=17),
+             domains=(("custom.ops", 11),), aten=("x", _i64(3), _i64([-2, -1])),
+             aten_opset=17),
     ],
     "Tril": [
-        Seed((("x", F, ("N", "H", "W")),), attrs={"diagonal": 1},
-             aten=("x", _scalar(1, np.int64))),
+        Seed((("x", F, ("N", "H", "W")),), attrs={"diagonal": 1}, aten=("x", _i64(1))),
         Seed((("x", F, ("H", "W")), ("d", I64, ())), domains=(), aten=("x", "d")),
     ],
     "Triu": [Seed((("x", I32, ("N", 4, "W")),), attrs={"diagonal": -1},
-                  domains=(("custom.ops", 14),), aten=("x", _scalar(-1, np.int64)),
-                  aten_opset=11)],
+                  domains=(("custom.ops", 14),), aten=("x", _i64(-1)), aten_opset=11)],
     "Trilu": [Seed((("x", F, ("N", "H", "W")), ("k", I64, ())), attrs={"upper": 0},
                    domains=(("custom.ops", 16), ("", 13)))],
     "CumMax": [Seed((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1},
-                    aten=("x", _scalar(1, np.int64)))],
+                    aten=("x", _i64(1)))],
     "CumMin": [Seed((("x", I32, (3, "L")),), ((I32, 2), (I64, 2)), attrs={"dim": -1},
-                    domains=(("custom.ops", 11),), aten=("x", _scalar(-1, np.int64)))],
+                    domains=(("custom.ops", 11),), aten=("x", _i64(-1)))],
     "GridSample": [
-        Seed((_X4, ("grid", F, ("N", "h", "w", 2))),
+        Seed((_X4, _GRID),
              attrs={"mode": "bilinear", "padding_mode": "border", "align_corners": 1},
              domains=(("custom.ops", 16), ("", 13)),
-             aten=("x", "grid", _scalar(0, np.int64), _scalar(1, np.int64),
-                   _scalar(True, np.bool_))),
+             aten=("x", "grid", _i64(0), _i64(1), TRUE)),
         Seed((("x", F, ("N", 2, "D", "H", "W")), ("grid", F, ("N", "d", "h", "w", 3))),
              attrs={"mode": "nearest", "padding_mode": "reflection"},
              domains=(("custom.ops", 20),),
-             aten=("x", "grid", _scalar(1, np.int64), _scalar(2, np.int64),
-                   _scalar(False, np.bool_)), aten_opset=17),
+             aten=("x", "grid", _i64(1), _i64(2), FALSE), aten_opset=17),
     ],
-    "MmcvGridSampler": [Seed((_X4, ("grid", F, ("N", "h", "w", 2))),
-                             attrs={"interpolation_mode": 2, "padding_mode": 2},
+    "MmcvGridSampler": [Seed((_X4, _GRID), attrs={"interpolation_mode": 2, "padding_mode": 2},
                              domains=(("mmcv", 11),))],
     "Inverse": [
         Seed((("A", F, ("B", 3, 3)),), domains=(("custom.ops", 13), ("com.microsoft", 17)),
@@ -134,38 +146,37 @@ SEEDS: dict[str, list[Seed]] = {
         Seed((("A", D, (6, 6)),), aten=("A",), aten_opset=11),
     ],
     "AtenInverse": [Seed((("A", D, ("B", 2, 2)),), aten=("A",))],
-    "LinalgInvEx": [Seed((("A", F, ("B", 5, 5)),), ((F, 3), (I32, 1)),
-                         aten=("A", _scalar(False, np.bool_)))],
+    "LinalgInvEx": [Seed((("A", F, ("B", 5, 5)),), ((F, 3), (I32, 1)), aten=("A", FALSE))],
     "Solve": [
-        Seed((("A", F, ("B", 3, 3)), ("Bm", F, ("B", 3, "K"))), ((F, 3),), attrs={"left": 1},
-             aten=("A", "Bm", _scalar(True, np.bool_))),
-        Seed((("A", F, ("B", 2, 2)), ("Bm", F, ("B", "K", 2))), ((F, 3),), attrs={"left": 0},
-             domains=(("custom.ops", 11),), aten=("A", "Bm", _scalar(False, np.bool_))),
+        Seed((("A", F, ("B", 3, 3)), ("Bm", F, ("B", 3, "K"))), ((F, 3),),
+             attrs={"left": 1}, aten=("A", "Bm", TRUE)),
+        Seed((("A", F, ("B", 2, 2)), ("Bm", F, ("B", "K", 2))), ((F, 3),),
+             attrs={"left": 0}, domains=(("custom.ops", 11),), aten=("A", "Bm", FALSE)),
     ],
     "LinalgSolveEx": [Seed((("A", F, ("B", 4, 4)), ("Bm", F, ("B", 4))), ((F, 2), (I32, 1)),
-                           aten=("A", "Bm", _scalar(True, np.bool_),
-                                 _scalar(False, np.bool_)))],
+                           aten=("A", "Bm", TRUE, FALSE))],
     "ScaledDotProductAttention": [
         Seed((("q", F, ("N", "H", "L", 8)), ("k", F, ("N", "H", "S", 8)),
               ("v", F, ("N", "H", "S", 8))), attrs={"is_causal": 1, "scale": 0.25},
-             aten=("q", "k", "v", "", _scalar(0.0, np.float64), _scalar(True, np.bool_),
-                   _scalar(0.25, np.float64), _scalar(False, np.bool_))),
-        Seed((("q", F, ("N", 4, "L", 8)), ("k", F, ("N", 2, "S", 8)), ("v", F, ("N", 2, "S", 8)),
-              ("m", B, ("L", "S"))), attrs={"enable_gqa": 1}, domains=(("custom.ops", 11),),
-             aten=("q", "k", "v", "m", _scalar(0.0, np.float64), _scalar(False, np.bool_), "",
-                   _scalar(True, np.bool_))),
+             aten=("q", "k", "v", "", _f64(0.0), TRUE, _f64(0.25), FALSE)),
+        Seed((("q", F, ("N", 4, "L", 8)), ("k", F, ("N", 2, "S", 8)),
+              ("v", F, ("N", 2, "S", 8)), ("m", B, ("L", "S"))),
+             attrs={"enable_gqa": 1}, domains=(("custom.ops", 11),),
+             aten=("q", "k", "v", "m", _f64(0.0), FALSE, "", TRUE)),
+        # An older torch's export: no scale and enable_gqa arguments.
+        Seed((("q", F, ("N", "L", 4)), ("k", F, ("N", "S", 4)), ("v", F, ("N", "S", 6))),
+             domains=(), aten=("q", "k", "v", "", _f64(0.0), TRUE)),
     ],
     "SearchSorted": [
         Seed((("s", F, (6,)), ("v", F, ("M",))), ((I32, 1),),
              attrs={"side": "right", "out_int32": 1},
-             aten=("s", "v", _scalar(True, np.bool_), _scalar(False, np.bool_),
-                   np.array(b"right", dtype=object), "")),
+             aten=("s", "v", TRUE, FALSE, np.array(b"right", dtype=object), "")),
         Seed((("s", I64, (2, "n")), ("v", I64, (2, "M")), ("sorter", I64, (2, "n"))),
              ((I64, 2),), attrs={"right": 1}, domains=(("custom.ops", 11),),
-             aten=("s", "v", _scalar(False, np.bool_), _scalar(True, np.bool_), "", "sorter")),
+             aten=("s", "v", FALSE, TRUE, "", "sorter")),
+        # The Scalar overload: values is a Python number, a 0-d Constant.
         Seed((("s", D, (5,)),), ((I64, 0),), domains=(),
-             aten=("s", _scalar(0.5, np.float64), _scalar(False, np.bool_),
-                   _scalar(False, np.bool_), "", "")),
+             aten=("s", _f64(0.5), FALSE, FALSE, "", "")),
     ],
 }
 
@@ -186,7 +197,7 @@ def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
     outs = [f"y{i}" for i in range(len(seed.outputs or [None]))]
     found = []
     if pattern.domains is None or pattern.domains:
-        names = list(seed.native if seed.native is not None else (n for n, _, _ in seed.inputs))
+        names = [name for name, _, _ in seed.inputs]
         for domain, opset in seed.domains:
             node = helper.make_node(pattern.op_type, names, outs, name="op", domain=domain,
                                     **seed.attrs)
@@ -237,8 +248,7 @@ def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
     # An STN: AffineGrid -> GridSample fallbacks, a Tril of the output, all ATen.
     nodes = [helper.make_node("Constant", [], [name], name=f"c_{name}",
                               value=onnx.numpy_helper.from_array(value, "v"))
-             for name, value in [("align", _scalar(False, np.bool_)),
-                                 ("zero", _scalar(0, np.int64))]]
+             for name, value in [("align", FALSE), ("zero", _i64(0))]]
     nodes += [helper.make_node("Shape", ["x"], ["size"], name="shape"),
               helper.make_node("affine_grid_generator", ["theta", "size", "align"], ["grid"],
                                name="affine", domain=ATEN),
@@ -247,7 +257,8 @@ def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
               helper.make_node("ATen", ["s", "zero"], ["y"], name="tril", domain=ATEN,
                                operator="tril", overload_name="")]
     stn = helper.make_graph(nodes, "stn", [_vi("x", F, ["N", 3, "H", "W"]),
-                                           _vi("theta", F, ["N", 2, 3])], [_vi("y", F, [None] * 4)])
+                                           _vi("theta", F, ["N", 2, 3])],
+                            [_vi("y", F, [None] * 4)])
     found.append(("ATen STN chain", helper.make_model(stn, opset_imports=[
         helper.make_opsetid("", 13), helper.make_opsetid(ATEN, 1)], ir_version=8)))
     return found
@@ -255,13 +266,13 @@ def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
 
 def labelled_seeds() -> list[tuple[str, onnx.ModelProto]]:
     """(label, model) of every seed: each built-in pattern in every form it matches, then
-    the structural seeds. A built-in pattern with no entry in SEEDS raises KeyError."""
+    the structural seeds. (A pattern with no entry in SEEDS has none: check_seeds says so.)"""
     from decomposer.registry import build_registry
 
     found = []
     for entry in build_registry(entry_points=False):
         pattern = entry.pattern
-        for index, seed in enumerate(SEEDS[type(pattern).__name__]):
+        for index, seed in enumerate(SEEDS.get(type(pattern).__name__, [])):
             found += [(f"{type(pattern).__name__}[{index}] {label}", model)
                       for label, model in pattern_seeds(pattern, seed)]
     return found + _structural_seeds()
@@ -292,7 +303,7 @@ def check_seeds() -> list[str]:
             out, report = decomposer.decompose_with_report(model)
             onnx.checker.check_model(out, full_check=True)
             assert report.replaced and not report.unsupported, report.summary()
-        except Exception as exc:  # noqa: BLE001 - every failure is a finding
+        except Exception as exc:  # every failure is a problem with the corpus
             problems.append(f"{label}: {type(exc).__name__}: {exc}")
             continue
         for node in _nodes(model.graph):
@@ -347,7 +358,8 @@ def _random_tensor(rng: random.Random) -> TensorProto:
     else:
         info = np.iinfo(dtype)
         pool = [v for v in _INTS + [4, 7, -2, -3, 64, 10**6] if info.min <= v <= info.max]
-    value = np.array([rng.choice(pool) for _ in range(size)], dtype=dtype).reshape(shape)
+    with np.errstate(over="ignore"):  # 1e30 as float16 is inf, on purpose
+        value = np.array([rng.choice(pool) for _ in range(size)], dtype=dtype).reshape(shape)
     return onnx.numpy_helper.from_array(value, "v")
 
 
@@ -389,11 +401,11 @@ _KIND_WEIGHTS = [3, 2, 2, 1, 2, 1, 4, 1, 1, 1, 1, 4]
 def mutate_structure(model: onnx.ModelProto, rng: random.Random) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    ops, attribute_names = _vocabulary()
     for _ in range(rng.randint(1, 3)):
         nodes = _nodes(m.graph)
         node = rng.choice(nodes)
         kind = rng.choices(range(12), _KIND_WEIGHTS)[0]
-        ops, attribute_names = _vocabulary()
         if kind == 0 and node.attribute:  # attribute type and value
             attr = rng.choice(node.attribute)
             attr.CopyFrom(_random_attribute(rng, attr.name))
@@ -548,8 +560,16 @@ def run_one(src: str, dst: str) -> tuple[str, str]:
     return ("decomposed" if report.replaced else "untouched"), ""
 
 
+# A worker's address-space limit: a pattern that tries to bake a tensor sized by an absurd
+# static dim gets a MemoryError (a crash, reported) instead of exhausting a shared machine.
+MEMORY_LIMIT = 4 << 30
+
+
 def worker() -> None:
     """Read mutant paths on stdin, answer one JSON line each on stdout."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
     for line in sys.stdin:
         src = line.strip()
         try:
@@ -558,24 +578,39 @@ def worker() -> None:
             kind = type(exc).__name__
             if kind == "CheckFailedError":
                 kind += f"[{_triage(src)}]"
-            outcome, detail = "crash", f"{kind}: {str(exc)[:300]}{_where(exc)}"
+            outcome, detail = "crash", f"{kind}: {_shorten(str(exc))}{_where(exc)}"
         print(json.dumps({"outcome": outcome, "detail": detail}), flush=True)
+
+
+def _shorten(message: str, limit: int = 400) -> str:
+    """The head (what failed) and the tail (the exception) of a long message."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit // 3]} [...] {message[-(2 * limit) // 3:]}"
 
 
 def _triage(src: str) -> str:
     """Why a rewritten model failed the checker: "declared type" when the result infers
-    cleanly once the input's declared output and value_info types are dropped (the input
-    claimed a type its op's semantics contradict, e.g. after a dtype or rank mutation),
-    else "ill-typed" (the emitted subgraph is inconsistent in itself)."""
+    cleanly once the input's declared output and value_info types are dropped (in every
+    graph and body: the input claimed a type its op's semantics contradict, e.g. after a
+    dtype or rank mutation), else "ill-typed" (the emitted nodes are inconsistent in
+    themselves, or with the opset)."""
     import decomposer
+
+    def undeclare(graph: onnx.GraphProto) -> None:
+        del graph.value_info[:]
+        for value in graph.output:
+            value.ClearField("type")
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == AttributeProto.GRAPH:
+                    undeclare(attr.g)
 
     try:
         out = decomposer.decompose(onnx.load(src), check=False)
-        del out.graph.value_info[:]
-        for value in out.graph.output:
-            value.ClearField("type")
+        undeclare(out.graph)
         onnx.shape_inference.infer_shapes(out, check_type=True, strict_mode=True)
-    except Exception:  # noqa: BLE001
+    except Exception:  # still inconsistent without the declared types
         return "ill-typed"
     return "declared type"
 
