@@ -23,6 +23,7 @@ from decomposer.graphs import (
     function_nodes,
     function_opsets,
     model_nodes,
+    norm_domain,
     opset_map,
 )
 
@@ -41,30 +42,67 @@ def validate_structure(model: onnx.ModelProto) -> None:
     if not model.HasField("graph"):
         raise InvalidModelError("the model has no graph")
     # A negative static dim is not ONNX, and onnx's own shape inference aborts the process
-    # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes.
+    # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes. So
+    # are element types ONNX does not define, and static shapes whose element count does
+    # not fit in int64 (no shape arithmetic survives them).
     for graph in all_graphs(model.graph):
+        main_inputs = {v.name for v in graph.input} if graph is model.graph else set()
         for value in [*graph.input, *graph.output, *graph.value_info]:
             if value.type.HasField("tensor_type"):
-                for dim in value.type.tensor_type.shape.dim:
-                    if dim.HasField("dim_value") and dim.dim_value < 0:
-                        raise InvalidModelError(
-                            f"tensor '{value.name}' declares dimension {dim.dim_value}; "
-                            f"dimensions must be >= 0 (use a dim_param name for a dynamic "
-                            f"one)")
+                _check_tensor_type(value.name, value.type.tensor_type,
+                                   required=value.name in main_inputs)
+        for init in graph.initializer:
+            if init.data_type not in _ELEMENT_TYPES:
+                raise InvalidModelError(f"initializer '{init.name}' has element type "
+                                        f"{init.data_type}, which ONNX does not define")
     # onnx.proto is proto2: a string field may hold bytes that are not UTF-8, which
     # protobuf then hands back as bytes. Such names cannot be matched or written safely.
     for node in model_nodes(model):
-        fields = [node.op_type, node.domain, node.name, *node.input, *node.output]
+        fields = [node.op_type, node.domain, node.name, *node.input, *node.output,
+                  *(attr.name for attr in node.attribute)]
         if not all(isinstance(text, str) for text in fields):
             raise InvalidModelError(f"node {node.name!r} ({node.domain!r}::{node.op_type!r}) "
-                                    f"has a name, op_type, domain or tensor name that is not "
-                                    f"valid UTF-8")
-    imports = [*model.opset_import, *(i for f in model.functions for i in f.opset_import)]
-    for imp in imports:
-        if not 1 <= imp.version <= MAX_OPSET_VERSION:
-            raise InvalidModelError(f"opset_import of domain '{imp.domain}' has version "
-                                    f"{imp.version}; versions run from 1 (ONNX's newest is "
-                                    f"{onnx.defs.onnx_opset_version()})")
+                                    f"has a name, op_type, domain, tensor or attribute name "
+                                    f"that is not valid UTF-8")
+    import_lists = [model.opset_import, *(f.opset_import for f in model.functions)]
+    for imports in import_lists:
+        seen: dict[str, int] = {}
+        for imp in imports:
+            if not 1 <= imp.version <= MAX_OPSET_VERSION:
+                raise InvalidModelError(f"opset_import of domain '{imp.domain}' has version "
+                                        f"{imp.version}; versions run from 1 (ONNX's newest "
+                                        f"is {onnx.defs.onnx_opset_version()})")
+            # "" and "ai.onnx" are one domain: two versions of it leave no single opset to
+            # build replacements for (and tools disagree on which one wins).
+            domain = norm_domain(imp.domain)
+            if domain in seen and seen[domain] != imp.version:
+                raise InvalidModelError(
+                    f"opset_import names domain '{imp.domain or 'ai.onnx'}' twice, at "
+                    f"versions {seen[domain]} and {imp.version}; keep one")
+            seen[domain] = imp.version
+
+
+_ELEMENT_TYPES = frozenset(onnx.TensorProto.DataType.values())
+_INT64_MAX = 2**63 - 1
+
+
+def _check_tensor_type(name: str, tensor_type: onnx.TypeProto.Tensor, required: bool) -> None:
+    elem_type = tensor_type.elem_type
+    if elem_type not in _ELEMENT_TYPES or (required and elem_type == 0):
+        raise InvalidModelError(f"tensor '{name}' declares element type {elem_type}, which "
+                                f"ONNX does not define" if elem_type else
+                                f"graph input '{name}' declares no element type")
+    count = 1
+    for dim in tensor_type.shape.dim:
+        if dim.HasField("dim_value"):
+            if dim.dim_value < 0:
+                raise InvalidModelError(
+                    f"tensor '{name}' declares dimension {dim.dim_value}; dimensions must be "
+                    f">= 0 (use a dim_param name for a dynamic one)")
+            count *= dim.dim_value
+    if count > _INT64_MAX:
+        raise InvalidModelError(f"tensor '{name}' declares a static shape of more than 2**63 "
+                                f"elements")
 
 
 def checkable(model: onnx.ModelProto, classifier: OpClassifier) -> onnx.ModelProto:
@@ -115,12 +153,53 @@ def check_input(model: onnx.ModelProto, classifier: OpClassifier, full: bool) ->
                                 f"check (check=False; CLI: --no-check) to rewrite it anyway")
 
 
-def check_output(out: onnx.ModelProto, classifier: OpClassifier) -> None:
+def check_output(out: onnx.ModelProto, classifier: OpClassifier,
+                 rewritten_outputs: set[str] | None = None) -> None:
+    """Run the full check on the result. If it fails only because of the types the input
+    model itself declared for rewritten nodes' outputs (a graph output or value_info that
+    contradicts what the op computes), the input is at fault: exit 2, naming the tensors."""
     failure = checker_failure(out, classifier, full=True)
+    if failure and rewritten_outputs:
+        # Forget the declared element types (then also the shapes) of the rewritten
+        # outputs; if inference then fills in types that pass, the declarations were wrong.
+        for forget_shapes in (False, True):
+            relaxed = checkable(out, classifier)
+            stripped = _strip_declared_types(relaxed, rewritten_outputs, forget_shapes)
+            if stripped and _passes_with_inferred_types(relaxed):
+                raise InvalidModelError(
+                    f"the model declares a type for {', '.join(repr(n) for n in stripped)} "
+                    f"that contradicts what the custom node computes ({failure}); fix the "
+                    f"declared type or shape in the export")
     if failure:
         raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check) although "
                                f"the input passed: {failure}; this is a decomposer or pattern "
                                f"bug: please report it with the model")
+
+
+def _strip_declared_types(model: onnx.ModelProto, names: set[str], shapes: bool
+                          ) -> list[str]:
+    """Forget the element types (and with ``shapes`` the shapes) the model declares for
+    ``names``; return which names were declared."""
+    stripped: list[str] = []
+    for graph in all_graphs(model.graph):
+        for value in [*graph.output, *graph.value_info]:
+            if value.name in names and value.type.HasField("tensor_type"):
+                value.type.tensor_type.elem_type = 0
+                if shapes:
+                    value.type.tensor_type.ClearField("shape")
+                stripped.append(value.name)
+    return sorted(set(stripped))
+
+
+def _passes_with_inferred_types(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` (some declared types removed) passes the full check once shape
+    inference has filled the removed types back in from what the graph computes."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+        onnx.checker.check_model(inferred, full_check=True)
+    except Exception:
+        return False
+    return True
 
 
 def first_line(exc: BaseException) -> str:

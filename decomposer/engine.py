@@ -78,6 +78,7 @@ class _Rewriter:
         tensor_names, node_names = _collect_names(model)
         self.tensor_names = NameAllocator(tensor_names)
         self.node_names = NameAllocator(node_names)
+        self.rewritten_outputs: set[str] = set()  # output names of replaced nodes
 
     def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> None:
         graph = scope.graph
@@ -147,6 +148,7 @@ class _Rewriter:
             raise PatternBugError(f"pattern {pattern.name} did not write output(s) {missing} "
                                   f"of node '{node.name}'")
         builder.commit()
+        self.rewritten_outputs.update(name for name in node.output if name)
         for name, (elem_type, shape) in zip(node.output, declared, strict=False):
             if name:
                 self.types.record(scope.namespace, name, elem_type, shape)
@@ -257,7 +259,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
                         used_domains(all_nodes(out.graph)), report,
                         keep=function_domains(out))
     if check:
-        check_output(out, schema_classifier)
+        check_output(out, schema_classifier, rewriter.rewritten_outputs)
     return out, report
 
 

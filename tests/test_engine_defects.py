@@ -100,7 +100,8 @@ def test_a_crashing_pattern_is_exit_4(tmp_path, capsys):
     src = tmp_path / "m.onnx"
     onnx.save(_plus7_model(), src)
     plugin = tmp_path / "crash.py"
-    plugin.write_text("import decomposer\n\n@decomposer.register\nclass Crashes(decomposer.Pattern):\n"
+    plugin.write_text("import decomposer\n\n@decomposer.register\n"
+                      "class Crashes(decomposer.Pattern):\n"
                       "    op_type = 'Plus7'\n\n    def build(self, b, node, facts):\n"
                       "        raise ZeroDivisionError('bug in the pattern')\n")
     assert main([str(src), str(tmp_path / "o.onnx"), "--patterns", str(plugin)]) == 4
@@ -171,3 +172,39 @@ def test_unknown_target_is_exit_2_listing_the_accepted_values(tmp_path, capsys):
     assert "portable" in err and "ort" in err
     with pytest.raises(decomposer.DecomposerError, match="portable, ort"):
         decomposer.decompose(_contrib_model(), target="gpu")
+
+
+def _affine_model(theta_type=TensorProto.FLOAT, out_type=TensorProto.FLOAT,
+                  size_type=TensorProto.INT64, theta_dims=("N", 2, 3), extra_imports=()):
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], name="ag",
+                            domain="custom.ops")
+    model = make_model([node], [helper.make_tensor_value_info("theta", theta_type, theta_dims),
+                                helper.make_tensor_value_info("size", size_type, [4])],
+                       [helper.make_tensor_value_info("grid", out_type, [None] * 4)], 16,
+                       extra_opsets=["custom.ops"])
+    model.opset_import.extend(extra_imports)
+    return model
+
+
+@pytest.mark.parametrize("model,message", [
+    # A declared output type the op cannot produce is the input's fault (exit 2), not ours.
+    (_affine_model(theta_type=TensorProto.DOUBLE), "declares a type for 'grid'"),
+    (_affine_model(theta_type=0), "graph input 'theta' declares no element type"),
+    (_affine_model(size_type=1000), "element type 1000, which ONNX does not define"),
+    (_affine_model(theta_dims=(2**40, 2**40, 3)), "more than 2\\*\\*63 elements"),
+    (_affine_model(extra_imports=[helper.make_opsetid("ai.onnx", 18)]),
+     "names domain 'ai.onnx' twice"),
+], ids=["declared-type", "undefined-type", "unknown-type", "overflow", "two-default-opsets"])
+def test_inputs_no_step_can_handle_are_refused_as_bad_input(model, message):
+    with pytest.raises(decomposer.InvalidModelError, match=message):
+        decomposer.decompose(model)
+
+
+def test_attribute_name_that_is_not_utf8_is_refused(tmp_path):
+    model = _affine_model()
+    model.graph.node[0].attribute.append(helper.make_attribute("alignXcorners", 1))
+    data = model.SerializeToString().replace(b"alignXcorners", b"align\xe9corners")
+    src = tmp_path / "m.onnx"
+    src.write_bytes(data)
+    assert main([str(src), str(tmp_path / "o.onnx")]) == 2
+    assert not (tmp_path / "o.onnx").exists()
