@@ -690,7 +690,9 @@ class Builder:
             return self.op(op_type, value, axis=axis, keepdims=int(keepdims), hint=hint,
                            out=out, dtype=np.int64, **attrs)
         n = self.Gather(self.Shape(value), axis, hint="arg_n")
-        reverse = self.Range(n - 1, -1, -1, hint="arg_reverse")
+        # (n - 1) - Range(0, n, 1), not Range(n - 1, -1, -1): ONNX Runtime 1.32 rewrites a
+        # Gather by a descending Range into an (empty) Slice.
+        reverse = (n - 1) - self.Range(0, n, 1, hint="arg_positions")
         first = self.op(op_type, self.Gather(value, reverse, axis=axis, hint="arg_reversed"),
                         axis=axis, keepdims=int(keepdims), dtype=np.int64)
         return self.Sub(n - 1, first, hint=hint, out=out)

@@ -53,7 +53,7 @@ class Case:
     - ``more_inputs``: further input sets run through the same model (dynamic sizes).
     - ``constant_inputs``: indices of inputs baked into the model as initializers.
     - ``output_dtype`` / ``output_rank``: the outputs' dtype and rank, if not the first
-      input's.
+      input's; a list gives one per output (e.g. ``[np.float32, np.int64]``).
     """
 
     inputs: Sequence[np.ndarray]
@@ -62,7 +62,7 @@ class Case:
     more_inputs: Sequence[Sequence[np.ndarray]] = ()
     constant_inputs: Sequence[int] = ()
     output_dtype: Any = None
-    output_rank: int | None = None
+    output_rank: int | Sequence[int | None] | None = None
     id: str = ""
 
     def label(self) -> str:
@@ -116,16 +116,22 @@ def single_node_model(op_type: str, domain: str, case: Case, opset: int,
         # Output type and rank default to the first input's (true of most ops); the dims
         # are left unknown for the decomposed graph to infer.
         [helper.make_tensor_value_info(o, helper.np_dtype_to_tensor_dtype(
-            np.asarray(case.inputs[0]).dtype if case.output_dtype is None
-            else np.dtype(case.output_dtype)),
-            [None] * (np.asarray(case.inputs[0]).ndim if case.output_rank is None
-                      else case.output_rank)) for o in outputs],
+            np.dtype(_per_output(case.output_dtype, i, np.asarray(case.inputs[0]).dtype))),
+            [None] * _per_output(case.output_rank, i, np.asarray(case.inputs[0]).ndim))
+         for i, o in enumerate(outputs)],
         initializer=initializers)
     imports = [helper.make_opsetid("", opset)]
     if not is_default_domain(domain):
         imports.append(helper.make_opsetid(domain, 1))
     return helper.make_model(graph, opset_imports=imports, ir_version=ir_version_for(opset),
                              producer_name="decomposer.testing")
+
+
+def _per_output(given: Any, index: int, default: Any) -> Any:
+    """``given`` for output ``index``: one value for all outputs, or a list (one per output);
+    None means ``default``."""
+    value = given[index] if isinstance(given, (list, tuple)) else given
+    return default if value is None else value
 
 
 def run_onnxruntime(model: onnx.ModelProto, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

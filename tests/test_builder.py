@@ -1,0 +1,68 @@
+"""The builder's opset-specific spellings compute the same thing at every opset, checked
+on ONNX Runtime against numpy (the oracle), plus the Value API's dtype rules."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from decomposer.builder import Builder, NameAllocator
+from decomposer.testing import ir_version_for, run_onnxruntime
+
+X = np.array([[1, 3, 3, 0], [5, 5, np.nan, 5], [0, 1, 2, 2]], np.float32)
+
+
+def run(opset, build, out_type=TensorProto.FLOAT, x=X, rank=2):
+    b = Builder(opset, "t", NameAllocator(["x", "y"]), NameAllocator())
+    build(b, b.input("x", np.float32))
+    graph = helper.make_graph(
+        b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["a", "b"])],
+        [helper.make_tensor_value_info("y", out_type, [None] * rank)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=ir_version_for(opset))
+    onnx.checker.check_model(model, full_check=True)
+    return run_onnxruntime(model, {"x": x})[0]
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 18, 21])
+def test_argmax_last_index_at_every_opset(opset):
+    x = np.array([[1, 3, 3, 0], [5, 5, 5, 5], [0, 1, 2, 2]], np.float32)
+    got = run(opset, lambda b, v: b.ArgMax(v, 1, keepdims=False, select_last_index=True,
+                                           out="y"), TensorProto.INT64, x, rank=1)
+    expected = x.shape[1] - 1 - np.argmax(x[:, ::-1], axis=1)
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("opset", [11, 12, 17])
+def test_less_or_equal_keeps_nan_false(opset):
+    got = run(opset, lambda b, v: b.LessOrEqual(v, 3.0, out="y"), TensorProto.BOOL)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(got, X <= 3.0)
+
+
+@pytest.mark.parametrize("opset", [11, 14, 15, 21])
+def test_shape_slice_at_every_opset(opset):
+    got = run(opset, lambda b, v: b.Shape(v, 1, out="y"), TensorProto.INT64, rank=1)
+    np.testing.assert_array_equal(got, [4])
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_one_axis_at_every_opset(opset, axis):
+    x = np.nan_to_num(X)
+    got = run(opset, lambda b, v: b.Softmax(v, axis, out="y"), x=x)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=axis, keepdims=True), rtol=1e-6)
+
+
+def test_value_arithmetic_types_constants_like_the_other_operand():
+    b = Builder(17, "t", NameAllocator(), NameAllocator())
+    x = b.input("x", np.float64)
+    y = (1 - x) * 2 / x
+    assert y.dtype == np.float64 and isinstance(y, str)
+    constants = [n for n in b.nodes if n.op_type == "Constant"]
+    assert all(n.attribute[0].t.data_type == TensorProto.DOUBLE for n in constants)
+    with pytest.raises(TypeError, match="dtype"):
+        b.input("unknown") + 1
