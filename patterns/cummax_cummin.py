@@ -116,6 +116,9 @@ class _CumExtreme(Pattern):
                 TensorProto.DataType.Name(elem_type).lower()
             raise Reject(f"element type {name} is not supported (torch's cummax/cummin take "
                          "bool, int8/16/32/64, uint8, float16, bfloat16, float32, float64)")
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject(f"bfloat16 needs opset 13 or newer (Cast has no bfloat16 at opset "
+                         f"{ctx.opset})")
         axis = dim % rank if rank else 0
         length: int | None = 1  # a scalar is a length-1 scan
         if rank:
@@ -224,26 +227,35 @@ def _shifted(b: Builder, t: Value, shift: int, facts: CumFacts, fill: Any, hint:
     the dim crashes OpenVINO 2026.4 (memory corruption, measured), a positive one as large
     as 2**30 would allocate that much, and TVM cannot Pad by a run-time amount. There it is
     Concat(fill[:shift], t[:-shift]), static Slice bounds that clamp to the length, with the
-    fill a tensor of x's shape made once per fill value (``fills``)."""
+    fill a tensor of x's shape made once per fill value (``fills``), then a Reshape to t's
+    shape (free on ONNX Runtime)."""
     rank, axis = facts.rank, facts.axis
     if facts.length is not None:
         pads = [0] * (2 * rank)
         pads[axis], pads[rank + axis] = shift, -shift
         return b.Pad(t, pads, fill, hint=hint)
+    if "shape" not in fills:
+        fills["shape"] = b.Shape(t, hint=f"{hint}_shape")
     key = (np.dtype(type(fill)).str, float(fill))
     if key not in fills:
-        fills[key] = b.ConstantOfShape(b.Shape(t, hint=f"{hint}_shape"), fill, type(fill),
-                                       hint=f"{hint}_fill")
+        fills[key] = b.ConstantOfShape(fills["shape"], fill, type(fill), hint=f"{hint}_fill")
     front = b.Slice(fills[key], [0], [shift], [axis], hint=f"{hint}_front")
     kept = b.Slice(t, [0], [-shift], [axis], hint=f"{hint}_kept")
-    return b.Concat(front, kept, axis=axis, hint=hint)
+    joined = b.Concat(front, kept, axis=axis, hint=f"{hint}_joined")
+    # Same shape as t, said explicitly: TVM cannot prove min(s, n) + max(n - s, 0) == n.
+    return b.Reshape(joined, fills["shape"], hint=hint)
+
+
+_MAX_CONSTANT_POSITIONS = 2**16
 
 
 def _positions(b: Builder, x: Value, facts: CumFacts, dtype: Any) -> Value:
     """0, 1, ..., n-1 along the scanned axis, in ``dtype``: unit dims elsewhere for a
     static length, x's shape for a dynamic one."""
     axis, rank, n = facts.axis, facts.rank, facts.length
-    if n is not None:
+    # A static length's positions are a constant, but only while that constant is small:
+    # a length of 2**30 would bake gigabytes into the model.
+    if n is not None and n <= _MAX_CONSTANT_POSITIONS:
         return b.const(np.arange(n, dtype=dtype).reshape(
             [n if a == axis else 1 for a in range(rank)]), hint="positions")
     # Counted along the axis over x's own shape rather than a Range of the length: TVM

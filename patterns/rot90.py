@@ -18,14 +18,16 @@ Before -> after::
                              any other pair, o = min(a, b) the outer position:
                                k = 1, 3: Gather(reversed, axis=o) and Transpose(swap a, b),
                                          in the order that flips the right data at o
-                               k = 2: Gather(axis=a) -> Gather(axis=b), or, when b is the
-                                      last axis, Gather(o) -> Transpose -> Gather(o) ->
-                                      Transpose
+                               k = 2: Gather(reversed, axis=a) -> Gather(reversed, axis=b)
+                                      (--target ort: one Slice with steps -1, -1)
                              reversed = (n - 1) - Range(0, n, 1) with n read from Shape
 
-No Slice with step -1 (onnx2tf turns some into Identity). Every flip gathers along a
-position that is not the last axis, so each index copies a block, never one element
-(a last-axis Gather is 3-4x slower on ONNX Runtime, measured for the rotation base).
+No Slice with step -1 in the portable output (onnx2tf turns some into Identity). For
+k = 1, 3 the flip gathers along the outer axis of the two, so each index copies a block;
+for k = 2 one Gather may run along the last axis (one element per index), still measured
+faster there than moving that axis out and back with two Transposes. On ONNX Runtime the
+Gathers cost 1-2x a hand-written Gather form and k = 2 costs ~10x a step -1 Slice (see
+scripts/bench_aten.py), which ``--target ort`` uses.
 
 Envelope: opsets 11+, every dtype, every dim dynamic (empty dims too); the rank must be
 known (to resolve negative dims and write the Transpose), and k and dims must be constants
@@ -38,12 +40,14 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
+from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
 from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Reject
 from decomposer.patterns._rotation import RotationPattern, build_rotation, rotation_facts
 
 MAX_RANK = 64
+INT64_MIN = -(2**63)
 
 
 class Rot90Facts(NamedTuple):
@@ -98,6 +102,9 @@ class Rot90(RotationPattern):
         first, second = (d % rank for d in dims)
         if first == second:
             raise Reject(f"dims {dims} name the same axis twice")
+        if ctx.elem_type(x) == TensorProto.BFLOAT16 and ctx.opset < 13 and k % 4:
+            raise Reject(f"bfloat16 needs opset 13 or newer (Transpose and Gather have no "
+                         f"bfloat16 at opset {ctx.opset})")
         turns = k % 4
         last_two = None
         if {first, second} == {rank - 2, rank - 1}:
@@ -121,13 +128,14 @@ class Rot90(RotationPattern):
 
         if facts.turns == 0:
             b.Identity(x, out=out)
-        elif facts.turns == 2 and max(a, c) == rank - 1:
-            # Flipping the last axis gathers single elements; flip its data at the outer
-            # position between two swaps instead (as the rotation base does).
-            flipped = _flip(b, swap(_flip(b, x, outer, "flip_first"), "swap_in"), outer,
-                            "flip_second")
-            swap(flipped, "swap_back", out)
+        elif facts.turns == 2 and b.target == "ort":
+            # ONNX Runtime only: one Slice with steps -1 (onnx2tf may drop it), measured
+            # 6-14x faster than two Gathers at 8x64x56x56 with dims (1, 3).
+            b.Slice(x, [-1, -1], [INT64_MIN, INT64_MIN], [a, c], [-1, -1], hint="flip_both",
+                    out=out)
         elif facts.turns == 2:
+            # Two Gathers, even when one is the last axis (one element per index): measured
+            # 1.4-1.6x faster than moving that axis out and back with two Transposes.
             _flip(b, _flip(b, x, a, "flip_first"), c, "flip_second", out)
         else:
             # k = 1 flips the data of axis c, k = 3 that of axis a, then swaps the two; the

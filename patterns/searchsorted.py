@@ -175,8 +175,11 @@ class SearchSorted(Pattern):
             if sorter_type != T.INT64:
                 raise Reject(f"sorter must be int64, got {_name(sorter_type)}")
             sorter_shape = ctx.shape(sorter)
-            if sorter_shape is not None and len(sorter_shape) != rank:
-                raise Reject("sorter must have the shape of sorted_sequence")
+            if sorter_shape is not None and (len(sorter_shape) != rank or (any(
+                        isinstance(a, int) and isinstance(c, int) and a != c
+                        for a, c in zip(sorter_shape, sequence_shape, strict=False)))):
+                raise Reject(f"sorter must have the shape of sorted_sequence, got "
+                             f"{list(sorter_shape)} and {list(sequence_shape or [])}")
 
         sequence_type, values_type = ctx.elem_type(sequence), ctx.elem_type(values)
         for label, elem_type in (("sorted_sequence", sequence_type), ("values", values_type)):

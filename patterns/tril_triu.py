@@ -1,4 +1,4 @@
-"""tril / triu (torch.tril, torch.triu, ONNX Trilu) as a broadcast index mask and Where.
+"""tril / triu (torch.tril, torch.triu, ONNX Trilu): an index mask and Where; Trilu at 14+.
 
 Matches:
 - torch's fallbacks ``org.pytorch.aten::tril(x, diagonal)`` / ``triu`` and
@@ -25,14 +25,15 @@ Before -> after::
 Only the (H, W) mask is built from sizes; the Where is the only float pass over x (the mask
 is expanded to x's shape for TVM, which cannot broadcast a Where's condition over dynamic
 dims; ``--target ort`` broadcasts it instead). ONNX Runtime's Where is slow: the mask form
-costs about 5-10x its Trilu kernel, which is why 14+ emits Trilu. The mask form
-is used for dtypes ONNX Runtime's Where lacks too: bool is And(x, Not drop); int16/uint16 and
-bfloat16 go through int32/float32 and back (exact); uint64 is Mul by the 0/1 mask.
+costs about 5-10x its Trilu kernel, which is why 14+ emits Trilu. The mask form is used
+at 14+ too for dtypes ONNX Runtime's Trilu lacks. For dtypes its Where lacks: bool is
+And(x, Not drop); int16/uint16 and bfloat16 go through int32/float32 and back (exact);
+uint64 is Mul by the 0/1 mask.
 
-Envelope: opsets 11+, rank >= 2 (an unknown rank is fine), every dim
-dynamic, every dtype torch's tril accepts except complex. A constant diagonal is clamped to
-+-2**62 (same result, no overflow); a run-time diagonal must be int32/int64 and within
-+-2**62.
+Envelope: opsets 11+, rank >= 2 (an unknown rank is fine), every dim dynamic, every dtype
+torch's tril accepts (bool, ints, floats; not complex) plus uint16/32/64. A constant
+diagonal is clamped to +-2**62 (same result, no overflow); a run-time diagonal must be an
+int32/int64 scalar within +-2**62.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class TriFacts(NamedTuple):
     diagonal: int | None  # the constant diagonal, or None when it comes at run time
     diagonal_input: str | None  # the run-time diagonal's tensor name
     diagonal_type: int | None
+    diagonal_needs_reshape: bool  # the run-time diagonal is not known to be 0-d
     elem_type: int
     shape: tuple[int | str | None, ...] | None  # None when the rank is unknown
 
@@ -92,7 +94,7 @@ class _TriangleBase(Pattern):
         if elem_type not in _SUPPORTED:
             raise Reject(f"element type {TensorProto.DataType.Name(elem_type).lower()} is "
                          "not supported (torch's tril/triu take real and bool tensors)")
-        diagonal_type = None
+        diagonal_type, needs_reshape = None, False
         if diagonal_name:
             value = ctx.constant(diagonal_name)
             if value is not None:
@@ -111,9 +113,12 @@ class _TriangleBase(Pattern):
                                                        for d in diagonal_shape)):
                     raise Reject(f"run-time diagonal '{diagonal_name}' must be a scalar, got "
                                  f"shape {list(diagonal_shape)}")
+                # A Reshape of a shape-derived scalar breaks TVM's importer: only if needed.
+                needs_reshape = diagonal_shape != ()
         if diagonal is not None:
             diagonal = int(np.clip(diagonal, -DIAGONAL_LIMIT, DIAGONAL_LIMIT))
-        return TriFacts(upper, diagonal, diagonal_name or None, diagonal_type, elem_type,
+        return TriFacts(upper, diagonal, diagonal_name or None, diagonal_type, needs_reshape,
+                        elem_type,
                         None if shape is None else tuple(shape))
 
     def build(self, b: Builder, node: MatchedNode, facts: TriFacts) -> None:
@@ -124,7 +129,8 @@ class _TriangleBase(Pattern):
             diagonal = b.input(facts.diagonal_input, facts.diagonal_type)
             if facts.diagonal_type != TensorProto.INT64:
                 diagonal = b.Cast(diagonal, np.int64, hint="diagonal_i64")
-            diagonal = b.Reshape(diagonal, [], hint="diagonal")  # a [1] tensor would do too
+            if facts.diagonal_needs_reshape:  # Trilu wants a 0-d k; a [1] one works too
+                diagonal = b.Reshape(diagonal, [], hint="diagonal")
         else:
             assert facts.diagonal is not None
             diagonal = facts.diagonal

@@ -11,7 +11,9 @@ Variants, all timed in one process, interleaved in a shuffled order each round:
 - ``decomposer``: the ``org.pytorch.aten::<op>`` node torch's fallback export emits,
   decomposed at the case's opset, every input dim symbolic except where the case says so;
 - ``decomposer_dynamic`` (cummax, searchsorted): the same with the scanned / searched
-  length symbolic too, which selects the length-independent form;
+  length symbolic too, which selects the length-independent form; ``decomposer_ort``
+  (rot90): decomposed with ``target="ort"``; ``decomposer_opset17`` (tril): at opset 17,
+  where the pattern emits Trilu;
 - ``hand``: the fastest equivalent I could write by hand with standard ops, built here
   with ``onnx.helper`` and static shapes (constants precomputed), independent of the
   pattern's code: the baseline. ``hand_*``: other hand-written forms (``hand_slice``: a
@@ -129,7 +131,8 @@ def info(name: str, elem_type: int, dims) -> onnx.ValueInfoProto:
 
 
 def aten_model(op: str, tensors: list[tuple[str, np.ndarray, list]], args: list,
-               outputs: list[tuple[str, int, int]], opset: int) -> onnx.ModelProto:
+               outputs: list[tuple[str, int, int]], opset: int, target: str = "portable"
+               ) -> onnx.ModelProto:
     """One ``org.pytorch.aten::op`` node as torch's fallback export writes it: tensor inputs
     (name, example, dims), then constant arguments (None = absent)."""
     nodes, names = [], [name for name, _, _ in tensors]
@@ -145,7 +148,8 @@ def aten_model(op: str, tensors: list[tuple[str, np.ndarray, list]], args: list,
     inputs = [info(name, helper.np_dtype_to_tensor_dtype(a.dtype), dims)
               for name, a, dims in tensors]
     outs = [info(o, t, [None] * rank) for o, t, rank in outputs]
-    return decomposer.decompose(model_of(nodes, inputs, outs, opset, extra_domains=[ATEN]))
+    return decomposer.decompose(model_of(nodes, inputs, outs, opset, extra_domains=[ATEN]),
+                                target=target)
 
 
 def symbolic(x: np.ndarray, prefix: str, static=()) -> list:
@@ -227,10 +231,13 @@ def bench_rot90(threads: int, rounds: int, quick: bool) -> list[dict]:
     results = []
     for label, shape, k, dims in ROT90_CASES[:2] if quick else ROT90_CASES:
         x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
-        decomposed = aten_model("rot90", [("x", x, symbolic(x, "d"))], [np.int64(k),
-                                np.array(dims, np.int64)], [("y", F32, len(shape))], 13)
+        def decomposed(target: str, x=x, k=k, dims=dims, shape=shape) -> onnx.ModelProto:
+            return aten_model("rot90", [("x", x, symbolic(x, "d"))], [
+                np.int64(k), np.array(dims, np.int64)], [("y", F32, len(shape))], 13, target)
+
         variants: dict[str, Any] = {
-            "decomposer": OrtRunner(decomposed, {"x": x}, threads),
+            "decomposer": OrtRunner(decomposed("portable"), {"x": x}, threads),
+            "decomposer_ort": OrtRunner(decomposed("ort"), {"x": x}, threads),
             "hand": OrtRunner(rot90_hand_gather(shape, k, dims, 13), {"x": x}, threads),
             "hand_slice": OrtRunner(rot90_hand_slice(shape, k, dims, 13), {"x": x}, threads)}
         xt = torch.from_numpy(x)

@@ -54,6 +54,14 @@ def test_every_k_and_pair_of_dims(dims):
             assert kinds.count("Gather") >= 2  # the flip (plus the length read from Shape)
 
 
+def test_target_ort_flips_both_axes_with_one_slice():
+    cases = [Case([values((2, 3, 4, 5))], {"k": 2, "dims": list(dims)}, symbolic="all")
+             for dims in ((1, 3), (0, 2))]
+    for result in check_pattern(Rot90(), cases, opsets=[13], oracle=torch_rot90, atol=0,
+                                rtol=0, signed_zeros=True, target="ort"):
+        assert [n for n in result.op_types if n != "Constant"] == ["Slice"]
+
+
 def test_default_attributes_are_torchs():
     (result,) = check_pattern(Rot90(), [Case([values((3, 4, 2))])], opsets=[17],
                               oracle=torch_rot90, atol=0, rtol=0)

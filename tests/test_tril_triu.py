@@ -91,10 +91,13 @@ def test_trilu_in_the_default_domain_below_14_with_a_runtime_k():
              for k in (0, 2, -1) for upper in (0, 1, None)]
 
     def oracle(x, k, upper=1):
-        return torch_triangle(x, int(k), bool(upper))
+        return torch_triangle(x, int(np.asarray(k).reshape(())), bool(upper))
 
     check_pattern(Trilu(), cases, opsets=[11, 13], domain="", oracle=oracle, atol=0, rtol=0,
                   signed_zeros=True)
+    # k given as a 1-element 1-D tensor (reshaped to the 0-d k Trilu-14 wants).
+    check_pattern(Trilu(), [Case([x, np.array([2], np.int64)], {"upper": 0}, symbolic="all")],
+                  opsets=[13, 17], domain="custom.ops", oracle=oracle, atol=0, rtol=0)
     # Without k, and in a custom domain at an opset where Trilu is standard.
     check_pattern(Trilu(), [Case([x], {"upper": 0})], opsets=[11, 17], domain="custom.ops",
                   oracle=lambda x, upper=1: torch_triangle(x, 0, bool(upper)), atol=0, rtol=0)
