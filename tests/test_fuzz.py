@@ -24,16 +24,12 @@ KNOWN_FINDINGS = {
     # the final check with exit 4 instead of being refused as bad input (exit 2).
     "If branches disagree on a type": r"\(op_type:If, node name: [^)]*\): .*Inferred elem "
                                       r"type differs",
-    # cummax_cummin: a static scan length bakes an n-element positions constant.
-    "cummax huge static length": r"pattern Cum(Max|Min) failed.*(MemoryError|array is too big)",
     # bfloat16 below opset 13 (Cast / Transpose have no bfloat16 there).
     "bfloat16 below opset 13": r"has unsupported type: tensor\(bfloat16\)",
     # scaled_dot_product_attention: static query/key/value dims that do not match.
     "sdpa static dims mismatch": r"op/(scores|attention)\): \[ShapeInferenceError\] Incompatible",
     # scaled_dot_product_attention: a non-numeric constant argument.
     "sdpa string constant": r"pattern ScaledDotProductAttention failed.*could not convert string",
-    # searchsorted: sorter's static leading dims differ from the sequence's.
-    "searchsorted sorter shape": r"op/left\): \[ShapeInferenceError\].*Incompatible",
     # grid_sample: a static 0 batch/channel dim (Reshape [0, 0, -1]) or channels >= 2**31.
     "grid_sample empty or huge dims": r"x_flat\): \[ShapeInferenceError\] Invalid Target shape"
                                       r"|x_chunks\): \[ShapeInferenceError\] Mismatch",
