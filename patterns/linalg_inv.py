@@ -18,11 +18,11 @@ Before -> after::
 
     n <= 4, linalg_inv / inverse / Inverse (closed form, adjugate / determinant):
       F = Transpose(Reshape(A, (B, n*n)))       # (n*n, B): every Gather copies batch rows
-      s = 2^floor(log2(ones @ |F|)); F = F / s  # per matrix, exact: no product overflows
+      m = mean |F|; c = 1 if lo <= m <= hi else 1 / m; F = c F   # no product overflows
       adj = signs @ (Gather(F, i) * Gather(F, j))       # 2x2 minors (n = 3: the cofactors)
       adj = signs @ (Gather(F, i') * Gather(adj, j'))   # n = 4: the 3x3 cofactors
-      det = ones @ (F[0, :] * adj[:, 0]) * s            # along the first row
-      inv = Reshape(Transpose(adj / det), shape(A))
+      det = ones @ (F[0, :] * adj[:, 0])                # along the first row
+      inv = Reshape(Transpose(adj * c / det), shape(A))
     5 <= n <= 32, and every n for linalg_inv_ex (Gauss-Jordan, partial pivoting, unrolled):
       M = [A | I]; for each column k: pivot row p = argmax |M[:, k]| over rows not yet used;
       r = M[p, :] / M[p, k]; M = M - where(row is p, 0, M[:, k]) * r   (drop column k)
@@ -35,17 +35,17 @@ linalg_inv_ex's info says which pivot was zero, as torch's does; no crash, no ha
 Envelope: opsets 11+; float32/float64 (float16/bfloat16 are rejected, as torch rejects
 them); n must be static, 0 <= n <= 32 (the elimination is unrolled, about 15 nodes per
 column: ~500 nodes at n = 32); the batch dims may be dynamic (the rank must be known). The
-closed forms are not pivoted; each matrix is scaled by a power of two near the sum of its
-|entries| first, so no product overflows, and they are as accurate as LU for
-well-conditioned matrices, but a float32 matrix with several entries below ~1e-9 of its
-largest loses accuracy to underflow (the elimination does not). Outputs are reshaped to
-A's own shape (never through a -1), so shape-tracking engines (TVM) can follow the dims.
+closed forms are not pivoted; a matrix whose mean |entry| is outside [2^-20, 2^20]
+(float32; float64: 2^+-200) is scaled to a mean of 1 first, so no product overflows, and
+they are as accurate as LU for well-conditioned matrices, but a float32 matrix with several
+entries below ~1e-9 of its largest loses accuracy to underflow (the elimination does not).
+Outputs are reshaped to A's own shape (never through a -1), so shape-tracking engines
+(TVM) can follow the dims.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,6 +57,9 @@ from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern, R
 CLOSED_FORM_MAX_N = 4
 MAX_N = 32  # the elimination is unrolled: about 15 nodes per column
 _FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.DOUBLE)
+# mean |A| bounds within which no product of up to 4 entries of A over- or underflows
+# (float32: at most (16 * 2^20)^4 = 7e28, typically (2^-20)^4 = 1e-24 or more).
+_SAFE_ABS_MEAN = {np.float32: (2.0**-20, 2.0**20), np.float64: (2.0**-200, 2.0**200)}
 
 
 class MatrixFacts(NamedTuple):
@@ -160,11 +163,11 @@ def cofactor_stages(n: int) -> list[ProductStage]:
     entries = []
     for entry in range(16):
         j, i = divmod(entry, 4)
-        alone, partner, alone_position = (1 - i, (2, 3), 0) if i < 2 else (5 - i, (0, 1), 2)
+        alone, partner = (1 - i, (2, 3)) if i < 2 else (5 - i, (0, 1))
         cols = [c for c in range(4) if c != j]
         terms = []
         for position, c in enumerate(cols):
-            sign = (-1) ** (i + j + alone_position + position)
+            sign = (-1) ** (i + j + position)  # the alone row sits at an even position
             first, second = (x for x in cols if x != c)
             terms.append((sign, alone * 4 + c, minor_id[(partner, (first, second))]))
         entries.append(terms)
@@ -200,10 +203,10 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     sum over terms is a (1, T) @ (T, ...) MatMul: ONNX Runtime reduces over an outer axis
     5-10x slower than that, and batch-first it would copy single elements. det is a product
     of n entries, which over- or underflows long before the inverse does (float32 entries
-    of 1e10 give det = 1e40 for n = 4), so each matrix is divided by a power of two near
-    the sum of its |entries| first (exactly) and the determinant multiplied back.
-    (Computing float32 in float64 instead was measured 1.3-1.7x slower at a batch of
-    100000.)"""
+    of 1e10 give det = 1e40 for n = 4), so a matrix whose mean |entry| is outside
+    ``_SAFE_ABS_MEAN`` is scaled to a mean of 1 first. (Computing float32 in float64 instead was
+    measured 1.3-1.7x slower at a batch of 100000; scaling by an exact power of two, with
+    Log/Floor/Pow, 1.5x.)"""
     n, m, dtype = facts.n, facts.rank - 2, facts.dtype
     if n == 1:
         inverse = b.Reciprocal(a, hint="inverse", out=None if batch_last else out)
@@ -212,13 +215,17 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     rows = b.Reshape(a, [-1, n * n], hint="A_rows")  # (B, n*n)
     entries = b.Transpose(rows, [1, 0], hint="A_t")  # (n*n, B)
     batch = b.Shape(entries, 1, 2, hint="batch")  # [B]
-    total = b.MatMul(np.ones((1, n * n), dtype), b.Abs(entries, hint="A_abs"),
-                     hint="A_abs_sum")  # (1, B)
-    # A power of two near sum |A|: scaling by it is exact, so an exactly singular matrix
-    # keeps its exactly zero determinant.
-    scale = b.Pow(np.asarray(2, dtype), b.Floor(b.Log(total, hint="A_log") * (1 / math.log(2)),
-                                                 hint="A_log2"), hint="A_scale")
-    entries = b.Mul(entries, b.Reciprocal(scale, hint="A_scale_inv"), hint="A_scaled")
+    mean = b.MatMul(np.full((1, n * n), 1 / (n * n), dtype), b.Abs(entries, hint="A_abs"),
+                    hint="A_abs_mean")  # (1, B): mean |A|
+    # c is exactly 1 while mean |A| is within the bounds, so the common case is not rounded
+    # at all (an exactly singular matrix keeps det = 0); outside them c A has mean |entry|
+    # 1, where no product of n entries (nor c / det below) over- or underflows.
+    low, high = _SAFE_ABS_MEAN[facts.dtype.type]
+    extreme = b.Or(b.Less(mean, low, hint="A_tiny"), b.Greater(mean, high, hint="A_huge"),
+                   hint="A_extreme")
+    shrink = b.Where(extreme, b.Reciprocal(mean, hint="A_mean_inv"), 1.0,
+                     hint="A_shrink")  # (1, B): c
+    entries = b.Mul(entries, shrink, hint="A_scaled")
     if n == 2:  # adj = [[d, -b], [-c, a]]
         adj = b.Mul(b.Gather(entries, [3, 1, 2, 0], axis=0, hint="adj_terms"),
                     np.asarray([[1], [-1], [-1], [1]], dtype), hint="adj")  # (4, B)
@@ -242,8 +249,8 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     first_row = b.Gather(entries, list(range(n)), axis=0, hint="A_row0")  # (n, B)
     first_col = b.Gather(adj, [j * n for j in range(n)], axis=0, hint="adj_col0")
     det = b.MatMul(np.ones((1, n), dtype), first_row * first_col, hint="det")  # (1, B)
-    # inv(A) = adj(A / s) / (det(A / s) * s)
-    inverse = b.Mul(adj, b.Reciprocal(det * scale, hint="det_inv"), hint="inverse_t")
+    # With F = c A: inv(A) = adj(F) * c / det(F)
+    inverse = b.Mul(adj, b.Div(shrink, det, hint="det_inv"), hint="inverse_t")
     if batch_last:  # (n, n, *) with A's own batch dims
         shape = b.Concat(np.asarray([n, n], np.int64), b.Shape(a, 0, m, hint="A_batch"),
                          axis=0, hint="inverse_t_shape")

@@ -29,6 +29,9 @@ float16/bfloat16 are computed in float32 and rounded once at the end (torch's CP
 accumulate in float32 too). The causal mask comes from two Ranges over the run-time L and S;
 a fully-masked row is detected on the mask (small when it broadcasts), not on the scores.
 
+The native form's ``scale`` is an ONNX float attribute (float32 precision); the ATen form's
+is a double constant.
+
 Envelope: opsets 11+; every dim dynamic; the ranks of query and key must be known.
 ``dropout_p`` must be a constant 0 (training-mode dropout is random and is rejected);
 ``is_causal``, ``scale`` and ``enable_gqa`` must be constants; ``is_causal`` with an
@@ -40,6 +43,7 @@ at run time where torch raises.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -79,7 +83,27 @@ def _constant_scalar(node: MatchedNode, index: int, ctx: MatchContext, name: str
     value = ctx.constant(node.inputs[index])
     if value is None or value.size != 1:
         raise Reject(f"{name} (input {index + 1}) must be a constant scalar")
+    if value.dtype.kind not in "biuf":
+        raise Reject(f"{name} (input {index + 1}) must be a number, got {value.dtype}")
     return value.reshape(()).item()
+
+
+def _check_static_dims(q_shape: Sequence[int | str | None],
+                       k_shape: Sequence[int | str | None],
+                       v_shape: Sequence[int | str | None] | None, gqa: bool) -> None:
+    """Reject static sizes torch refuses: query and key head sizes (E), key and value
+    lengths (S), and head counts (dim -3) unless grouped-query attention repeats them."""
+    def clash(a: int | str | None, c: int | str | None) -> bool:
+        return isinstance(a, int) and isinstance(c, int) and a != c
+
+    if clash(q_shape[-1], k_shape[-1]):
+        raise Reject(f"query's head size {q_shape[-1]} differs from key's {k_shape[-1]}")
+    if v_shape is not None and len(v_shape) >= 2 and clash(k_shape[-2], v_shape[-2]):
+        raise Reject(f"key has {k_shape[-2]} positions but value has {v_shape[-2]}")
+    if not gqa and len(q_shape) >= 3 and len(k_shape) >= 3 and clash(q_shape[-3], k_shape[-3]) \
+            and k_shape[-3] != 1 and q_shape[-3] != 1:
+        raise Reject(f"query has {q_shape[-3]} heads and key {k_shape[-3]}; that needs "
+                     f"enable_gqa")
 
 
 def _type_name(elem_type: int | None) -> str:
@@ -155,6 +179,7 @@ class ScaledDotProductAttention(Pattern[AttentionFacts]):
             if not mask_is_bool and mask_type not in (TensorProto.FLOAT, elem_type):
                 raise Reject(f"attn_mask must be bool, float32 or query's dtype "
                              f"({_type_name(elem_type)}), got {_type_name(mask_type)}")
+        _check_static_dims(q_shape, k_shape, ctx.shape(value), gqa)
         head_dim = q_shape[-1] if isinstance(q_shape[-1], int) else None
         groups: int | None = 1
         if gqa:

@@ -74,6 +74,26 @@ def test_plain_causal_and_scale(dtype):
     run_cases(cases, dtype)
 
 
+def test_bfloat16_through_casts():
+    """numpy has no bfloat16 for ONNX Runtime's feeds: the model casts float32 around it."""
+    nodes = [helper.make_node("Cast", [n], [f"{n}_bf16"], to=TensorProto.BFLOAT16)
+             for n in "qkv"]
+    nodes += [helper.make_node("ScaledDotProductAttention", ["q_bf16", "k_bf16", "v_bf16"],
+                               ["y_bf16"], name="sdpa", domain="custom.ops", is_causal=1),
+              helper.make_node("Cast", ["y_bf16"], ["y"], to=TensorProto.FLOAT)]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 2, d, 8])
+              for n, d in (("q", "L"), ("k", "S"), ("v", "S"))]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                     [None] * 4)],
+                       13, extra_opsets=["custom.ops"])
+    out = decomposer.decompose(model)
+    q, k, v = qkv(np.random.default_rng(11), (1, 2, 4, 8), (1, 2, 6, 8))
+    (got,) = run_onnxruntime(out, {"q": q, "k": k, "v": v})
+    tensors = [torch.from_numpy(x).bfloat16() for x in (q, k, v)]
+    want = F.scaled_dot_product_attention(*tensors, is_causal=True).float().numpy()
+    np.testing.assert_allclose(got, want, atol=1e-2, rtol=1e-2)
+
+
 def test_dynamic_head_dim_and_ranks_2_to_5():
     rng = np.random.default_rng(1)
     cases = [Case(qkv(rng, (2, 3, 4, 8), (2, 3, 5, 8)), symbolic="all", id="all dynamic"),
