@@ -1,4 +1,4 @@
-"""GridSample (torch F.grid_sample semantics) as coordinate math plus one GatherElements.
+"""GridSample (torch F.grid_sample semantics) as point-sized coordinate math + GatherElements.
 
 Matches:
 - ``GridSample(X, grid; mode:string="bilinear", padding_mode:string="zeros",
@@ -25,26 +25,36 @@ Semantics are exactly ``torch.nn.functional.grid_sample`` (its CPU kernels):
   axis; 3-D zeros padding 0; 3-D border/reflection sample coordinate n-1 on that axis;
   bicubic is NaN for every padding. +-inf behaves like a far out-of-range coordinate.
 
-Before -> after (2-D bilinear; every axis alike, T taps per axis)::
+Before -> after (2-D bilinear, zeros padding; every axis alike, T taps per axis)::
 
-    GridSample(X, grid)  ->  gx, gy = Split(grid)                         # (N, 1, 1, 1, Ho, Wo)
-                             u = unnormalize(g); padding(u)
+    GridSample(X, grid)  ->  gx, gy = Split(grid)                    # (N, 1, 1, 1, Ho, Wo) each
+                             u = unnormalize(g)  (+ padding: clip / reflect + clip)
                              taps = Floor(u) + [0, 1];  w = |[1, 0] - (u - Floor(u))|
-                             zeros: valid = taps in [0, n-1]; w *= valid; taps = valid ? taps : 0
-                             index = ty * W + tx;  weight = wy * wx     # (N, 1, 2, 2, Ho, Wo)
+                             index = ty * W + tx;  weight = wy * wx  # (N, 1, 2, 2, Ho, Wo)
                              G = GatherElements(X as (N, C, H*W), Expand(index over C))
                              Y = ReduceSum(G as (N, C, 4, Ho, Wo) * weight, axis 2)
 
-Nearest gathers one tap (zeros padding: Where(valid, G, 0)); bicubic gathers 4x4 taps.
-Everything before the GatherElements is point-sized (N x Ho x Wo x taps), not
-channel-sized; the flat index is int64, exact for any size.
+Everything before the GatherElements is point-sized (N x Ho x Wo x taps), not channel-sized,
+and broadcasts only over whole (Do,) Ho, Wo planes. Nearest gathers one tap; bicubic 4x4
+taps with its cubic weights as polynomials in the fraction. Out-of-range taps under zeros
+padding are either clipped onto a zero border padded around X (static C below
+MIN_CHUNKED_CHANNELS: fewer point-sized ops) or masked (index 0, weight 0; nearest: Where on
+the result). Zeros padding of NaN keeps torch's NaN/0 (see above) both ways.
+Where it pays on ONNX Runtime (measured, see scripts/bench_grid_sample.py): a static C of 8+
+is gathered in channel chunks (Split, one GatherElements + weighted sum each, Concat) so
+each chunk's taps stay in cache and the index is expanded once per chunk size; otherwise
+16+ taps (bicubic) are gathered one row of taps at a time and summed.
 
 Envelope: opsets 11+; X and grid float16/32/64 (float16 computes in float32 and rounds
 once; mixed types compute in the wider one); every dim dynamic (batch, channels, input and
 output spatial sizes). The spatial rank is read from X's or the grid's static rank (and must
-agree with the grid's last dim when that is static). Memory: the gathered taps take
-T x the output (T = 4 bilinear, 16 bicubic, 8 trilinear) plus an int64 index of the same
-count.
+agree with the grid's last dim when that is static). Flat indices are int32 (exact while
+the input's spatial size, D*H*W + padding, is below 2**31, i.e. 8 GiB per float32 channel
+image; a static size beyond that gets int64). Memory: the gathered taps and their index
+take T x one chunk's output (T = 4 bilinear, 8 trilinear, 4 per bicubic row).
+The output runs on ONNX Runtime, OpenVINO and TVM Relax, static or dynamic shapes: no
+Slice step -1, no Conv, no contrib ops, and a Shape's output is only sliced, gathered or
+cast before any arithmetic (TVM's importer cannot add to a Shape's output itself).
 """
 
 from __future__ import annotations
@@ -64,10 +74,11 @@ _MODE_ALIASES = {"linear": "bilinear", "cubic": "bicubic"}  # GridSample-20 spel
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 CUBIC_A = -0.75  # torch's cubic convolution constant (UpSampleBicubic2d)
 TAP_OFFSETS = {"nearest": (0,), "bilinear": (0, 1), "bicubic": (-1, 2, 0, 1)}
-# Channel chunking (static C only): measured on ONNX Runtime 1.32, 1 thread.
-MIN_CHUNKED_CHANNELS = 8
-CHUNK_CHANNELS = 2
-MAX_CHUNKS = 16
+# Chunking, measured on ONNX Runtime 1.32 at 1 thread (scripts/bench_grid_sample.py):
+MIN_CHUNKED_CHANNELS = 8  # a static C from 8 on is gathered in channel chunks ...
+CHUNK_CHANNELS = 2  # ... of at least 2 channels ...
+MAX_CHUNKS = 16  # ... and at most 16 chunks; smaller C zero-pads X for zeros padding
+MIN_GROUPED_TAPS = 16  # unchunked, 16+ taps (bicubic) are gathered one tap row at a time
 INT32_LIMIT = 2**31 - 1  # flat indices are int32 while the spatial size fits
 
 
@@ -312,71 +323,97 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
                   np.asarray(0, dtype), hint="x_padded")
         # Read back, not added: TVM's importer cannot do arithmetic on a Shape's output.
         sizes_i = b.Shape(x, 2, 2 + k, hint="padded_sizes")
-    # Flat index into the (N, C, prod(sizes)) view: exact integer math.
-    index: Value | None = None
-    stride: Value | None = None
+    # Flat index into the (N, C, prod(sizes)) view (exact integer math) and the weights of
+    # every tap. With tap groups, the first axis' taps are gathered group by group and
+    # summed, so each group's taps stay in cache (few channels, many taps: bicubic).
+    taps_per_axis = len(TAP_OFFSETS[facts.mode])
+    chunks = channel_chunks(facts.channels)
+    grouped = len(chunks) <= 1 and taps_per_axis ** k >= MIN_GROUPED_TAPS
     sizes_index = b.Cast(sizes_i, index_type, hint="in_sizes_index")
-    for axis in reversed(axes):  # W first: stride 1, then W, then H*W
+    strides: list[Value | None] = [None] * k
+    for position in range(k - 2, -1, -1):  # W has stride 1; H: W; D: H*W
+        size_i = b.Gather(sizes_index, position + 1, axis=0, hint=f"n{position + 1}_i")
+        after = strides[position + 1]
+        strides[position] = size_i if after is None else after * size_i
+    index_terms = []
+    for axis in axes:
         term = b.Cast(axis.taps, index_type, hint=f"tap{axis.position}_index")
-        if stride is not None:
-            term = term * stride
-        index = term if index is None else index + term
-        if axis.position > 0:
-            size_i = b.Gather(sizes_index, axis.position, axis=0, hint=f"n{axis.position}_i")
-            stride = size_i if stride is None else stride * size_i
-    assert index is not None
-    taps = len(TAP_OFFSETS[facts.mode]) ** k
-    index_flat = b.Reshape(index, [0, 1, -1], hint="index_flat")  # (N, 1, T*P)
+        stride = strides[axis.position]
+        index_terms.append(term if stride is None else term * stride)
+    firsts: list[tuple[Value | None, Value | None]] = [(None, None)]
+    if grouped:
+        first_weights = axes[0].weights
+        assert first_weights is not None
+        firsts = list(zip(b.Split(index_terms[0], [1] * taps_per_axis, axis=2,
+                                  hint="tap_groups"),
+                          b.Split(first_weights, [1] * taps_per_axis, axis=2,
+                                  hint="weight_groups"), strict=True))
+    group_taps = taps_per_axis ** (k - 1) if grouped else taps_per_axis ** k
 
-    weights = None
     valid = None
-    if taps > 1:
-        for axis in axes if k == 2 else reversed(axes):  # torch's product order
-            assert axis.weights is not None
-            weights = axis.weights if weights is None else weights * axis.weights
-        assert weights is not None
-        weights = b.Reshape(weights, b.Concat(b.ints([0, 1, taps]), out_sizes, axis=0),
-                            hint="weights")  # (N, 1, T, *out_sizes)
-        result_shape = b.Concat(b.ints([0, 0, taps]), out_sizes, axis=0, hint="tap_shape")
-    else:
-        for axis in axes:
-            if axis.valid is not None:
-                valid = axis.valid if valid is None else b.And(valid, axis.valid)
-        if valid is not None:
-            valid = b.Reshape(valid, b.Concat(b.ints([0, 1]), out_sizes, axis=0),
-                              hint="valid")  # (N, 1, *out_sizes)
-        result_shape = b.Concat(b.ints([0, 0]), out_sizes, axis=0, hint="result_shape")
+    for axis in axes:
+        if axis.valid is not None:
+            valid = axis.valid if valid is None else b.And(valid, axis.valid)
+    if valid is not None:
+        valid = b.Reshape(valid, b.Concat(b.ints([0, 1]), out_sizes, axis=0),
+                          hint="valid")  # (N, 1, *out_sizes)
+    result_shape = b.Concat(b.ints([0, 0] + ([group_taps] if group_taps > 1 else [])),
+                            out_sizes, axis=0, hint="tap_shape")
+    weight_shape = b.Concat(b.ints([0, 1, group_taps]), out_sizes, axis=0, hint="weight_shape")
+
+    groups: list[tuple[Value, Value | None]] = []  # (index (N, 1, T*P), weights or None)
+    for first_index, first_weight in firsts:
+        index: Value | None = first_index
+        for term in index_terms[1:] if grouped else index_terms:
+            index = term if index is None else index + term
+        assert index is not None
+        weights: Value | None = None
+        if taps_per_axis > 1:
+            first = first_weight if grouped else axes[0].weights
+            rest = [axis.weights for axis in axes[1:] if axis.weights is not None]
+            assert first is not None and len(rest) == k - 1
+            if k == 2:  # torch's product order: w_y * w_x ...
+                weights = first * rest[0]
+            else:  # ... and (w_x * w_y) * w_z
+                weights = (rest[1] * rest[0]) * first
+            weights = b.Reshape(weights, weight_shape, hint="weights")  # (N, 1, T, *out)
+        groups.append((b.Reshape(index, [0, 1, -1], hint="index_flat"), weights))
 
     # Gather channel chunks, so that each chunk's taps stay in cache from GatherElements to
     # the weighted sum, and the index is expanded once, to one chunk's channels.
     x_flat = b.Reshape(x, [0, 0, -1], hint="x_flat")  # (N, C, S)
-    chunks = channel_chunks(facts.channels)
     pieces = b.Split(x_flat, chunks, axis=1, hint="x_chunks") if len(chunks) > 1 else [x_flat]
-    expanded: dict[int, Value] = {}
+    cast = facts.compute_type != facts.x_type
     results = []
-    single = len(pieces) == 1
-    for piece, chunk in zip(pieces, chunks or [0], strict=True):  # 0: C, dynamic
-        if chunk not in expanded:
-            # The chunk's channel count is read from its shape even when static: TVM's
-            # importer fails on a constant Expand shape against symbolic dims.
-            shape = b.Concat(b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0,
-                             hint="expand_shape")
-            expanded[chunk] = b.Expand(index_flat, shape, hint="index")  # (N, c, T*P)
-        gathered = b.GatherElements(piece, expanded[chunk], axis=2, hint="taps")
-        last = out if single else None
-        last_computed = last if facts.compute_type == facts.x_type else None
-        if weights is not None:
-            sampled = b.ReduceSum(b.Reshape(gathered, result_shape) * weights, [2],
-                                  keepdims=False, hint="sampled", out=last_computed)
-        elif valid is not None:
-            sampled = b.Where(valid, b.Reshape(gathered, result_shape), np.asarray(0, dtype),
-                              hint="sampled", out=last_computed)
-        else:
-            sampled = b.Reshape(gathered, result_shape, hint="sampled", out=last_computed)
-        if facts.compute_type != facts.x_type:
+    for piece in pieces:
+        # The last op of a single chunk writes the output itself (no copy).
+        last = out if len(pieces) == 1 else None
+        # The chunk's channel count is read from its shape even when static: TVM's importer
+        # fails on a constant Expand shape against symbolic dims.
+        expand_shape = b.Concat(b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0,
+                                hint="expand_shape")
+        parts = []
+        for number, (group_index, group_weights) in enumerate(groups):
+            final = last if number == len(groups) - 1 and valid is None and not cast else None
+            expanded = b.Expand(group_index, expand_shape, hint="index")  # (N, c, T*P)
+            gathered = b.Reshape(b.GatherElements(piece, expanded, axis=2, hint="taps"),
+                                 result_shape, hint="sampled",
+                                 out=final if group_weights is None else None)
+            if group_weights is not None:
+                gathered = b.ReduceSum(gathered * group_weights, [2], keepdims=False,
+                                       hint="sampled", out=final if len(groups) == 1 else None)
+            parts.append(gathered)
+        sampled = parts[0]
+        for number, part in enumerate(parts[1:], start=2):
+            final = last if number == len(parts) and valid is None and not cast else None
+            sampled = b.Add(sampled, part, hint="sampled_sum", out=final)
+        if valid is not None:
+            sampled = b.Where(valid, sampled, np.asarray(0, dtype), hint="sampled_zeros",
+                              out=None if cast else last)
+        if cast:
             sampled = b.Cast(sampled, facts.x_type, hint="sampled_cast", out=last)
         results.append(sampled)
-    if not single:
+    if len(pieces) > 1:
         b.Concat(*results, axis=1, hint="sampled_all", out=out)
 
 
@@ -433,18 +470,15 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         floor = b.Floor(u, hint=f"floor{position}")
         t = u - floor  # NaN stays NaN: torch's bicubic is NaN for a NaN coordinate
         offsets = TAP_OFFSETS["bicubic"]
-        # Cubic convolution weights of the taps at distance d: torch's two polynomials.
-        a = CUBIC_A
-        d_outer = b.Abs(t - tap_constant(offsets[:2]))
-        d_inner = b.Abs(t - tap_constant(offsets[2:]))
-        outer = ((d_outer * np.asarray(a, dtype) - np.asarray(5 * a, dtype)) * d_outer
-                 + np.asarray(8 * a, dtype)) * d_outer - np.asarray(4 * a, dtype)
-        inner = (d_inner * np.asarray(a + 2, dtype) - np.asarray(a + 3, dtype)) * d_inner \
-            * d_inner + one
-        weights = b.Concat(outer, inner, axis=2 + position, hint=f"cubic{position}")
+        # The cubic convolution weights of the 4 taps as polynomials in t (Horner, one
+        # chain over all taps; torch evaluates the same polynomials in another form, equal
+        # to within a few ulps).
+        c3, c2, c1, c0 = (tap_constant(c) for c in _cubic_coefficients(offsets))
+        weights = ((t * c3 + c2) * t + c1) * t + c0
         if padded:
-            taps = _clamp(b, _finite(b, floor, -one) + tap_constant(offsets) + PAD_BEFORE,
-                          zero, padded_top, hint=f"taps{position}")
+            shifted_offsets = [offset + PAD_BEFORE for offset in offsets]
+            taps = _clamp(b, _finite(b, floor, -one) + tap_constant(shifted_offsets), zero,
+                          padded_top, hint=f"taps{position}")
             return _Axis(position, taps, weights, None)
         taps = floor + tap_constant(offsets)
         if facts.padding == "zeros":
@@ -493,6 +527,18 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
     # u is in [0, n-1], so only the upper tap can leave the input, and only when u = n-1,
     # where its weight is 0.
     return _Axis(position, b.Min(taps, top, hint=f"taps{position}"), weights, None)
+
+
+def _cubic_coefficients(offsets: Any) -> list[list[float]]:
+    """[c3, c2, c1, c0] per tap offset: the weight of tap ``floor + offset`` is
+    ``((c3 t + c2) t + c1) t + c0`` with t = u - floor: torch's cubic convolution
+    (A = CUBIC_A) at distance |t - offset|, expanded in t."""
+    a = CUBIC_A
+    by_offset = {-1: [a, -2 * a, a, 0.0],  # a d^3 - 5a d^2 + 8a d - 4a at d = t + 1
+                 0: [a + 2, -(a + 3), 0.0, 1.0],  # (a+2) d^3 - (a+3) d^2 + 1 at d = t
+                 1: [-(a + 2), 2 * a + 3, -a, 0.0],  # the same at d = 1 - t
+                 2: [-a, a, 0.0, 0.0]}  # the first at d = 2 - t
+    return [[by_offset[offset][power] for offset in offsets] for power in range(4)]
 
 
 def _masked_taps(b: Builder, taps: Value, weights: Value, top: Value, position: int, k: int

@@ -270,9 +270,10 @@ def bench_stn(threads: int, rounds: int) -> list[dict]:
 # -- tables ------------------------------------------------------------------------------------
 
 
-def _print_sampler_table(results: list[dict]) -> None:
-    print(f"{'case':<14} {'mode':<9} {'padding':<11} {'align':>5} {'thr':>3} "
-          f"{'native ms':>9} {'decomposer':>10} {'nodes':>5}")
+def _print_sampler_table(results: list[dict], header: bool = True) -> None:
+    if header:
+        print(f"{'case':<14} {'mode':<9} {'padding':<11} {'align':>5} {'thr':>3} "
+              f"{'native ms':>9} {'decomposer':>10} {'nodes':>5}")
     for r in results:
         print(f"{r['case']:<14} {r['mode']:<9} {r['padding']:<11} {r['align_corners']:>5} "
               f"{r['threads']:>3} {r['median_ms']['native']:>9.3f} "
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(bench_sampler(label, shape, mode, padding, align, threads, rounds,
                                      args.grid))
-        _print_sampler_table(results[-1:])
+        _print_sampler_table(results[-1:], header=len(results) == 1)
     print()
     _print_sampler_table(results)
     stn = []
