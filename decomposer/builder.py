@@ -405,8 +405,16 @@ class Builder:
 
     def Clip(self, x: Operand, min: Operand | None = None, max: Operand | None = None, *,
              hint: str | None = None, out: str | None = None) -> Value:
-        """Clip with optional bounds (inputs since opset 11; integer types from 12)."""
+        """Clip with optional bounds (inputs since opset 11; below 12, anything but float32 is
+        spelled Max/Min, which ONNX Runtime implements for every float type there)."""
         value = self._operand(x, None, "clip_in")
+        if self.opset < 12 and value.dtype != np.float32:
+            # Clip-11 has float16/float64 in the standard, but ONNX Runtime implements it
+            # for float32 only; Max/Min are the same function there.
+            bounded = value if min is None else self.Max(value, min, hint=f"{hint or 'clip'}_low")
+            if max is None:
+                return self.Identity(bounded, hint=hint, out=out) if out else bounded
+            return self.Min(bounded, max, hint=hint, out=out)
         low = self._operand(min, value.dtype, "clip_min") if min is not None else ""
         high = self._operand(max, value.dtype, "clip_max") if max is not None else ""
         inputs = [value, low, high] if high else ([value, low] if low else [value])

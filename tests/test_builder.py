@@ -66,3 +66,17 @@ def test_value_arithmetic_types_constants_like_the_other_operand():
     assert all(n.attribute[0].t.data_type == TensorProto.DOUBLE for n in constants)
     with pytest.raises(TypeError, match="dtype"):
         b.input("unknown") + 1
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13])
+def test_clip_of_float64_runs_on_onnx_runtime_at_every_opset(opset):
+    b = Builder(opset, "t", NameAllocator(["x", "y"]), NameAllocator())
+    b.Clip(b.input("x", np.float64), 0.5, 2.0, out="y")
+    graph = helper.make_graph(
+        b.nodes, "g", [helper.make_tensor_value_info("x", TensorProto.DOUBLE, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)],
+                              ir_version=ir_version_for(opset))
+    onnx.checker.check_model(model, full_check=True)
+    x = np.array([0.0, 1.0, 3.0, -1.0])
+    np.testing.assert_array_equal(run_onnxruntime(model, {"x": x})[0], np.clip(x, 0.5, 2.0))
