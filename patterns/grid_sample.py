@@ -141,6 +141,11 @@ class GridSampleBase(Pattern):
             else TensorProto.FLOAT
         x_shape = ctx.shape(x)
         channels = x_shape[1] if x_shape is not None and isinstance(x_shape[1], int) else None
+        if x_shape is not None and any(isinstance(d, int) and d == 0 for d in x_shape[:2]):
+            # torch samples nothing there either; an empty batch is not worth a graph.
+            raise Reject(f"input '{x}' has an empty batch or channel axis {list(x_shape)}")
+        if channels is not None and channels >= 2**31:
+            raise Reject(f"input '{x}' has {channels} channels; at most 2**31 - 1 are supported")
         spatial = x_shape[2:] if x_shape is not None else ()
         static = [d for d in spatial if isinstance(d, int)]
         wide = len(static) == k and math.prod(static) > INT32_LIMIT

@@ -26,9 +26,6 @@ KNOWN_FINDINGS = {
                                       r"type differs",
     # bfloat16 below opset 13 (Cast / Transpose have no bfloat16 there).
     "bfloat16 below opset 13": r"has unsupported type: tensor\(bfloat16\)",
-    # grid_sample: a static 0 batch/channel dim (Reshape [0, 0, -1]) or channels >= 2**31.
-    "grid_sample empty or huge dims": r"x_flat\): \[ShapeInferenceError\] Invalid Target shape"
-                                      r"|x_chunks\): \[ShapeInferenceError\] Mismatch",
 }
 
 
