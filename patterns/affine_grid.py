@@ -30,11 +30,13 @@ output-sized passes; see the README's benchmark table.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
 onnx2torch and onnx2tf run (docs/portability.md). Measured there: a MatMul of (y_h, 1)
-with a reshaped R is as fast on ONNX Runtime but fails onnx2tf (a Reshape with 0
-entries mis-reads its transposed layout; with a constant size LiteRT's XNNPack delegate
-then fails). Under ``--target ort`` the 2-D float32 grid is written by a 1x1 Conv whose
-weight is computed at run time (one output-sized pass: measured at 0.44-0.6x of the
-portable form's time there); when ``size`` is not fed at run time that weight is kept from being
+with R reshaped to (N, 2, W*2), then a Reshape to the grid, is as fast on ONNX Runtime and
+5-8x faster on OpenVINO, but breaks elsewhere: onnx2tf mis-reads a 0 in a Reshape target
+against its transposed layout, LiteRT's XNNPack delegate cannot reshape it when the size
+is constant, and TVM's importer fails on the target spelled as a Concat of shape pieces.
+Under ``--target ort`` the 2-D float32 grid is written by a 1x1 Conv whose weight is
+computed at run time (one output-sized pass: measured at 0.44-0.6x of the portable form's
+time there); when ``size`` is not fed at run time that weight is kept from being
 constant-folded (an empty slice of R is concatenated to it), since a constant weight makes
 ONNX Runtime's NCHWc layout pass wrap the Conv in reorders (measured 3x slower). Neither
 construct is portable.
@@ -130,10 +132,7 @@ class AffineGrid(Pattern):
         # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
         theta_rows = b.Unsqueeze(b.Transpose(theta, [0, 2, 1], hint="theta_T"),
                                  list(range(2, k + 1)), hint="theta_T_rows")
-        # One Slice per column, not a Split: onnx2tf's tf_converter backend turns this Split
-        # into a TensorFlow op that LiteRT runs only with the Flex delegate (SplitV).
-        x_coef, y_coef, *rest = [b.Slice(theta_rows, [i], [i + 1], [1], hint=f"theta_col{i}")
-                                 for i in range(k + 1)]
+        x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1, hint="theta_col")
         z_coef = rest[0] if k == 3 else None
         offset = rest[-1]
         # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the grid

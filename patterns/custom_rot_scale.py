@@ -14,9 +14,10 @@ value is rejected with the node named. Any integer ``rotations`` is reduced mod 
 
 Before -> after::
 
-    CustomRotScale(x)  ->  [Slice(step -1) -> Transpose(last two)] -> [Mul(scale_factor)]
+    CustomRotScale(x)  ->  [row flips (Gather of a reversed index) and Transposes of the last
+                        two axes, see patterns/_rotation.py] -> [Mul(scale_factor)]
 
-rotations = 0 (mod 4) emits no Slice/Transpose, scale_factor = 1 emits no Mul. Envelope:
+rotations = 0 (mod 4) emits no flip/Transpose, scale_factor = 1 emits no Mul. Envelope:
 opsets 11+, any rank >= 2 (known), every dim dynamic; float16/32/64, and integer inputs
 when the scale is integral. The scale constant has x's dtype.
 """

@@ -14,9 +14,10 @@ case and with surrounding spaces; anything else is rejected with the node named.
 
 Before -> after::
 
-    Rot90AndScale(x)  ->  [Slice(step -1) -> Transpose(last two)] -> [Mul(scale)]
+    Rot90AndScale(x)  ->  [row flips (Gather of a reversed index) and Transposes of the last
+                        two axes, see patterns/_rotation.py] -> [Mul(scale)]
 
-k = 0 emits no Slice/Transpose, scale = 1 emits no Mul. Envelope: opsets 11+, any rank >= 2
+k = 0 emits no flip/Transpose, scale = 1 emits no Mul. Envelope: opsets 11+, any rank >= 2
 (known), every dim dynamic; float16/32/64, and integer inputs when the scale is integral.
 The scale constant has x's dtype.
 """

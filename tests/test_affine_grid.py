@@ -93,9 +93,9 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
     """The factored form: only the last Mul and Add (target ort, 2-D float32: one Conv) are
     output-sized; nothing is baked or looped. Shape nodes are not counted."""
     # coords per axis: Gather, Sub (1 - n), an integer Range, Cast (steps and n), Div;
-    # theta: Transpose, Unsqueeze, a Slice per column; R_c = x * a + t; R_y = Expand(b).
+    # theta: Transpose, Unsqueeze, Split; R_c = x * a + t; R_y = Expand(b).
     ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1,
-                   "Unsqueeze": 2, "Slice": k + 1, "Mul": 1, "Add": 1, "Expand": 1})
+                   "Unsqueeze": 2, "Split": 1, "Mul": 1, "Add": 1, "Expand": 1})
     if k == 2 and target == "ort" and dtype != np.float64:
         # L = (y, 1) as the weight of a 1x1 Conv over R = [R_y; R_c]: writes (N, H, W, 2).
         ops.update({"Concat": 1, "Unsqueeze": 1, "Pad": 1, "Conv": 1})
@@ -221,7 +221,7 @@ def test_target_ort_forms(opset, k, size_mode, dtype):
 def test_portable_form_has_no_conv_and_no_fold_barrier(k, size_mode):
     model = affine_model(k=k, size_mode=size_mode, const_size=RUNTIME_SIZES[k][0])
     kinds = set(decomposed_ops(decomposer.decompose(model)))
-    assert not kinds & {"Conv", "ConvTranspose", "Concat"}, kinds
+    assert not kinds & {"Conv", "ConvTranspose", "Concat", "Slice"}, kinds
 
 
 def test_align_corners_defaults_to_zero():

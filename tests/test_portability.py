@@ -402,3 +402,17 @@ def test_importing_decomposer_imports_no_engine():
 def test_engine_version_is_reported(engine):
     pytest.importorskip(engines.ENGINES[engine].module)
     assert engines.engine_version(engine)[0].isdigit()
+
+
+def test_hook_collects_cases_from_other_test_modules(tmp_path):
+    (tmp_path / "test_fake_op.py").write_text(
+        "import numpy as np, onnx\n"
+        "def portability_cases():\n"
+        "    return [{'id': 'fake', 'model': onnx.ModelProto(),\n"
+        "             'feeds': {'x': np.zeros(2, np.float32)},\n"
+        "             'expected': np.ones(2, np.float32), 'atol': 0.5,\n"
+        "             'skip': {'tvm/dynamic': 'reason'}}]\n")
+    (tmp_path / "test_other.py").write_text("def test_nothing():\n    pass\n")
+    (case,) = hooked_cases(tmp_path)
+    assert case.id == "fake" and case.atol == 0.5 and case.skip == {"tvm/dynamic": "reason"}
+    assert len(case.feeds) == 1 and case.expected[0][0].tolist() == [1.0, 1.0]
