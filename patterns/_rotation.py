@@ -76,6 +76,9 @@ def rotation_facts(x: str, turns: int, dims: tuple[int, int], scale: float,
     # dims (-1, -2) turns the other way: rot90(x, k, (-1, -2)) == rot90(x, -k, (-2, -1)).
     normalized = (turns if dims == (-2, -1) else -turns) % 4
     elem_type = ctx.elem_type(x)
+    if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13 and normalized:
+        raise Reject(f"bfloat16 needs opset 13 or newer (Transpose and Gather have no "
+                     f"bfloat16 at opset {ctx.opset})")
     if scale != 1.0:
         if elem_type is None:
             raise Reject(f"the element type of input '{x}' is unknown, so the scale constant "
@@ -126,7 +129,7 @@ def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
         b.Identity(x, out=out)  # nothing to compute, but the output name must be written
 
 
-class RotationPattern(Pattern):
+class RotationPattern(Pattern[RotationFacts]):
     """Base of patterns computing ``torch.rot90(x, turns, dims) * scale``."""
 
     def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:

@@ -1,4 +1,4 @@
-"""CustomRotScale (seed article 002): torch.rot90 over (H, W) in either order, then a scale.
+"""CustomRotScale: torch.rot90 over (H, W) in either order (a dims string), then a scale.
 
 Matches ``CustomRotScale(x; rotations:int=1, scale_factor:float=1.0,
 dims:string="height,width")`` in any domain, including the default domain (the article's
@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from decomposer.pattern import Attr
-from decomposer.patterns._rotation import RotationPattern
+
+from ._rotation import RotationPattern
 
 _DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
 

@@ -43,8 +43,9 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Reject
-from decomposer.patterns._rotation import RotationPattern, build_rotation, rotation_facts
+from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+
+from ._rotation import build_rotation, rotation_facts
 
 MAX_RANK = 64
 INT64_MIN = -(2**63)
@@ -65,7 +66,7 @@ class Rot90Facts(NamedTuple):
         return self.elem_type, shape
 
 
-class Rot90(RotationPattern):
+class Rot90(Pattern[Rot90Facts]):
     op_type = "Rot90"
     aten_operator = "rot90"
     attributes = {

@@ -1,4 +1,4 @@
-"""Rot90AndScale (seed article 000): torch.rot90 over the last two axes, then a scale.
+"""Rot90AndScale: torch.rot90 over the last two axes, clockwise or not, then a scale.
 
 Matches ``Rot90AndScale(x; k:int=1, scale:float=1.0, clockwise:string="no")`` in any domain,
 including the default domain (torch emits it there when ``symbolic()`` names no domain).
@@ -27,7 +27,8 @@ from __future__ import annotations
 from typing import Any
 
 from decomposer.pattern import Attr
-from decomposer.patterns._rotation import RotationPattern
+
+from ._rotation import RotationPattern
 
 _CLOCKWISE = {"yes": True, "true": True, "no": False, "false": False}
 

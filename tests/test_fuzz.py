@@ -24,8 +24,6 @@ KNOWN_FINDINGS = {
     # the final check with exit 4 instead of being refused as bad input (exit 2).
     "If branches disagree on a type": r"\(op_type:If, node name: [^)]*\): .*Inferred elem "
                                       r"type differs",
-    # bfloat16 below opset 13 (Cast / Transpose have no bfloat16 there).
-    "bfloat16 below opset 13": r"has unsupported type: tensor\(bfloat16\)",
 }
 
 
