@@ -220,3 +220,21 @@ def test_native_form_needs_dim():
     del model.graph.node[-1].attribute[:]
     with pytest.raises(decomposer.UnsupportedNodeError, match="required attribute 'dim'"):
         decomposer.decompose(model)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """CumMax / CumMin (custom.ops) on float32 with ties, every dim dynamic; oracle:
+    torch.cummax / torch.cummin (values and indices)."""
+    cases = []
+    for op, dim in [("cummax", 1), ("cummin", 0)]:
+        xs = [np.random.default_rng(seed).integers(-3, 4, s).astype(np.float32)
+              for seed, s in enumerate([(3, 6), (4, 2)])]
+        model = cum_model(op, "native", xs[0], dim, 17)
+        cases.append({"id": f"{op} float32 dim={dim}", "model": model,
+                      "feeds": [{"x": x} for x in xs],
+                      "expected": [torch_cum(x, dim, op == "cummax") for x in xs],
+                      "atol": 0.0})
+    return cases

@@ -609,3 +609,35 @@ def test_classic_stn_at_opset_11(export_type, align_corners):
         with torch.no_grad():
             expected = model(torch.from_numpy(x)).numpy()
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """GridSample nodes (custom.ops) with dynamic dims for every engine; oracle: torch."""
+    from decomposer.testing import single_node_model
+
+    rng = np.random.default_rng(2024)
+    specs = [("GridSample 2-D bilinear zeros", "bilinear", "zeros", 0, 2,
+              [((2, 3, 5, 7), (2, 4, 6)), ((1, 3, 4, 3), (1, 2, 5))]),
+             ("GridSample 2-D nearest reflection", "nearest", "reflection", 1, 2,
+              [((2, 2, 4, 6), (2, 3, 5)), ((1, 2, 6, 3), (1, 4, 2))]),
+             ("GridSample 3-D bilinear border", "bilinear", "border", 0, 3,
+              [((1, 2, 3, 4, 5), (1, 2, 3, 4)), ((2, 2, 2, 3, 2), (2, 3, 2, 2))])]
+    cases = []
+    for label, mode, padding, align, k, shapes in specs:
+        sets = []
+        for x_shape, out_shape in shapes:
+            x = rng.normal(size=x_shape).astype(np.float32)
+            grid = make_grid(rng, (*out_shape, k), special=mode != "nearest")
+            sets.append([x, grid.astype(np.float32)])
+        attrs = {"mode": mode, "padding_mode": padding, "align_corners": align}
+        model = single_node_model("GridSample", "custom.ops",
+                                  Case(sets[0], attrs, symbolic=static_channels(k)), 17)
+        cases.append({"id": label, "model": model,
+                      "feeds": [{"input0": x, "input1": grid} for x, grid in sets],
+                      "expected": [[torch_grid_sample(x, grid, mode, padding, align)]
+                                   for x, grid in sets],
+                      "atol": 2e-5})
+    return cases

@@ -315,3 +315,25 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, module, n
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.numpy().dtype
             np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """Inverse (custom.ops) of batched 3x3 matrices that need pivoting, batch dynamic; and
+    the ATen linalg_inv form; oracle: torch.linalg.inv."""
+    rng = np.random.default_rng(5)
+    sets = [needs_pivoting(rng, (2,), 3), needs_pivoting(rng, (4,), 3)]
+    native = single_node_model_inverse(sets[0])
+    return [{"id": f"Inverse n=3 batched ({form})", "model": model,
+             "feeds": [{name: a} for a in sets],
+             "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5}
+            for form, model, name in [("custom.ops", native, "input0"),
+                                      ("aten", aten_model("linalg_inv", 3), "A")]]
+
+
+def single_node_model_inverse(a: np.ndarray) -> onnx.ModelProto:
+    from decomposer.testing import single_node_model
+
+    return single_node_model("Inverse", "custom.ops", Case([a], symbolic={0: [0]}), 17)

@@ -295,3 +295,31 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, variant):
         for g, w in zip(got, want, strict=True):
             assert g.dtype == w.numpy().dtype and g.shape == w.shape
             np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """Solve (custom.ops) with n = 3: batched matrix B (batch and k dynamic) and X A = B;
+    oracle: torch.linalg.solve."""
+    from decomposer.testing import single_node_model
+
+    rng = np.random.default_rng(6)
+    left_sets = [[matrices(rng, (2,), 3), rng.normal(size=(2, 3, 2)).astype(np.float32)],
+                 [matrices(rng, (3,), 3), rng.normal(size=(3, 3, 4)).astype(np.float32)]]
+    right_sets = [[matrices(rng, (2,), 3), rng.normal(size=(2, 2, 3)).astype(np.float32)]]
+    cases = []
+    for label, sets, attrs, symbolic in [
+            ("Solve n=3 left", left_sets, {}, {0: [0], 1: [0, 2]}),
+            ("Solve n=3 left=0", right_sets, {"left": 0}, {})]:
+        model = single_node_model("Solve", "custom.ops", Case(sets[0], attrs,
+                                                               symbolic=symbolic), 17)
+        if symbolic:  # A and B share their batch dim (TVM's dynamic build needs to know)
+            for graph_input in model.graph.input:
+                graph_input.type.tensor_type.shape.dim[0].dim_param = "N"
+        cases.append({"id": label, "model": model,
+                      "feeds": [{"input0": a, "input1": b} for a, b in sets],
+                      "expected": [[torch_solve(a, b, **attrs)] for a, b in sets],
+                      "atol": 1e-5})
+    return cases

@@ -199,3 +199,24 @@ def test_native_bad_dims_attribute():
         helper.make_opsetid("", 13), helper.make_opsetid("custom.ops", 1)])
     with pytest.raises(decomposer.UnsupportedNodeError, match="name the same axis twice"):
         decomposer.decompose(model)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """Rot90 nodes (custom.ops), every dim dynamic; oracle: torch.rot90."""
+    from decomposer.testing import single_node_model
+
+    cases = []
+    for k, dims, shapes in [(1, (0, 1), [(2, 3, 4), (3, 5, 2)]),
+                            (2, (-2, -1), [(2, 3, 4, 5), (1, 2, 3, 6)])]:
+        xs = [np.random.default_rng(seed).normal(size=s).astype(np.float32)
+              for seed, s in enumerate(shapes)]
+        model = single_node_model("Rot90", "custom.ops",
+                                  Case([xs[0]], {"k": k, "dims": list(dims)}, symbolic="all"),
+                                  17)
+        cases.append({"id": f"Rot90 k={k} dims={dims}", "model": model,
+                      "feeds": [{"input0": x} for x in xs],
+                      "expected": [[torch_rot90(x, k, dims)] for x in xs], "atol": 0.0})
+    return cases

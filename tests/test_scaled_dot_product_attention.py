@@ -381,3 +381,34 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, variant):
         with torch.no_grad():
             want = module(*map(torch.from_numpy, arrays)).numpy()
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """ScaledDotProductAttention (custom.ops) with a bool (L, S) mask, and causal with a
+    scale; batch and sequence lengths dynamic; oracle: F.scaled_dot_product_attention."""
+    rng = np.random.default_rng(8)
+    cases = []
+    # (q, k shapes) per feed set; v's last dim is 6
+    shapes = [((2, 2, 4, 8), (2, 2, 5, 8)), ((1, 2, 3, 8), (1, 2, 7, 8))]
+    sets = []
+    for q_shape, k_shape in shapes:
+        q, k, v = qkv(rng, q_shape, k_shape, 6)
+        mask = rng.random((q_shape[2], k_shape[2])) > 0.4
+        mask[:, 0] = True  # no fully masked row
+        sets.append((q, k, v, mask))
+    dims = (["N", 2, "L", 8], ["N", 2, "S", 8], ["N", 2, "S", 6])
+    model = native_model(*dims, mask=True)
+    for dim, name in zip(model.graph.input[3].type.tensor_type.shape.dim, "LS", strict=True):
+        dim.dim_param = name  # named like q's and k's (TVM's dynamic build needs them)
+    cases.append({"id": "SDPA bool mask", "model": model,
+                  "feeds": [dict(zip("qkvm", s, strict=True)) for s in sets],
+                  "expected": [[torch_attention(*s)] for s in sets], "atol": 1e-5})
+    model = native_model(*dims, is_causal=1, scale=0.5)
+    cases.append({"id": "SDPA causal scale=0.5", "model": model,
+                  "feeds": [dict(zip("qkv", s[:3], strict=True)) for s in sets],
+                  "expected": [[torch_attention(*s[:3], is_causal=1, scale=0.5)]
+                               for s in sets], "atol": 1e-5})
+    return cases

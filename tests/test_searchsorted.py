@@ -393,3 +393,28 @@ def test_bad_forms_are_rejected_with_the_node_named(build, reason):
         decomposer.decompose(build())
     message = str(info.value)
     assert "node 'search'" in message and reason in message, message
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """SearchSorted (custom.ops): a static-length 1-D sequence, dynamic values, left and
+    right; oracle: torch.searchsorted."""
+    from decomposer.testing import single_node_model
+
+    sequence = np.array([-2, -1, 0, 0.5, 2, 2, 3.5], np.float32)
+    value_sets = [np.array([-3, -1, 0.25, 2, 2.5, 4], np.float32),
+                  np.array([3.5, -2, 0.5, 1, 2, 0, -1.5, 9, 2], np.float32)]
+    cases = []
+    for attrs in ({}, {"right": 1}):
+        model = single_node_model("SearchSorted", "custom.ops",
+                                  Case([sequence, value_sets[0]], attrs, symbolic={1: [0]},
+                                       output_dtype=np.int64, output_rank=1), 17)
+        cases.append({"id": "SearchSorted 1-D static length " + ("right" if attrs else "left"),
+                      "model": model,
+                      "feeds": [{"input0": sequence, "input1": v} for v in value_sets],
+                      "expected": [[torch_searchsorted(sequence, v, **attrs)]
+                                   for v in value_sets],
+                      "atol": 0.0})
+    return cases

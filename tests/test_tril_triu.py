@@ -225,3 +225,24 @@ def test_bad_forms_are_rejected_with_the_node_named(node, inputs, extra, reason)
         decomposer.decompose(_single_node(node, inputs, extra=extra))
     message = str(info.value)
     assert "node 'tri'" in message and reason in message, message
+
+
+# -- portability (tests/test_portability.py's hook) --------------------------------------------
+
+
+def portability_cases():
+    """Tril(diagonal=1) and Triu(diagonal=-1) (custom.ops), every dim dynamic; oracle:
+    torch.tril / torch.triu."""
+    from decomposer.testing import single_node_model
+
+    cases = []
+    for op, diagonal, upper in [("Tril", 1, False), ("Triu", -1, True)]:
+        xs = [np.random.default_rng(seed).normal(size=s).astype(np.float32)
+              for seed, s in enumerate([(2, 4, 5), (3, 6, 3)])]
+        model = single_node_model(op, "custom.ops",
+                                  Case([xs[0]], {"diagonal": diagonal}, symbolic="all"), 17)
+        cases.append({"id": f"{op} diagonal={diagonal}", "model": model,
+                      "feeds": [{"input0": x} for x in xs],
+                      "expected": [[torch_triangle(x, diagonal, upper)] for x in xs],
+                      "atol": 0.0})
+    return cases
