@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -52,6 +51,8 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
+
+from benchlib import interleaved_rounds
 
 CASES = [  # (label, size)
     ("2d N=8 64x64", (8, 1, 64, 64)),
@@ -307,23 +308,7 @@ def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,
 def _measure(label: str, size: list[int], threads: int, rounds: int,
              variants: dict[str, Callable[[], None]], baseline: str, extra: dict) -> dict:
     """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
-    # Calibrate repeats per variant so one timing is ~20 ms of its own work (a variant
-    # 100x slower than the baseline must not take 100x the benchmark's time).
-    repeats = {}
-    for name, fn in variants.items():
-        _time(fn, 1)  # warm-up
-        once = _time(fn, 2)
-        repeats[name] = max(1, min(200, int(0.02 / max(once, 1e-6))))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    ratios: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    shuffler = random.Random(0)
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        this_round = {name: _time(variants[name], repeats[name]) for name in order}
-        for name, seconds in this_round.items():
-            times[name].append(seconds)
-            ratios[name].append(seconds / this_round[baseline])
+    repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
     return {
         "case": label, "size": size, "threads": threads, "repeats": repeats, "rounds": rounds,
         "baseline": baseline,

@@ -34,7 +34,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -50,6 +49,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
+
+from benchlib import interleaved_rounds
 
 ATEN = "org.pytorch.aten"
 F32 = TensorProto.FLOAT
@@ -91,21 +92,7 @@ def _time(fn: Callable[[], Any], repeat: int) -> float:
 def measure(variants: dict[str, Callable[[], Any]], rounds: int, baseline: str = "hand"
             ) -> dict[str, Any]:
     """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
-    repeats = {}
-    for name, fn in variants.items():
-        _time(fn, 1)  # warm-up
-        once = _time(fn, 2)
-        repeats[name] = max(1, min(200, int(0.02 / max(once, 1e-6))))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    ratios: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    shuffler = random.Random(0)
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        this_round = {name: _time(variants[name], repeats[name]) for name in order}
-        for name, seconds in this_round.items():
-            times[name].append(seconds)
-            ratios[name].append(seconds / this_round[baseline])
+    repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
     return {"baseline": baseline, "rounds": rounds, "repeats": repeats,
             "median_ms": {n: statistics.median(v) * 1e3 for n, v in times.items()},
             "ratio_to_baseline": {n: statistics.median(v) for n, v in ratios.items()}}

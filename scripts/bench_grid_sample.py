@@ -31,7 +31,6 @@ import itertools
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import tempfile
@@ -49,6 +48,8 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
+
+from benchlib import interleaved_rounds
 
 CASES = [  # (label, input shape N, C, H, W); the grid has the input's spatial size
     ("1x3x224x224", (1, 3, 224, 224)),
@@ -129,21 +130,7 @@ def _time(fn: Callable[[], None], repeat: int) -> float:
 def _measure(variants: dict[str, Callable[[], None]], baseline: str, rounds: int
              ) -> tuple[dict[str, float], dict[str, float]]:
     """Interleaved rounds in a shuffled order: medians of times (ms) and per-round ratios."""
-    repeats = {}
-    for name, fn in variants.items():
-        _time(fn, 1)  # warm-up
-        once = _time(fn, 2)
-        repeats[name] = max(1, min(200, int(0.02 / max(once, 1e-6))))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    ratios: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    shuffler = random.Random(0)
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        this_round = {name: _time(variants[name], repeats[name]) for name in order}
-        for name, seconds in this_round.items():
-            times[name].append(seconds)
-            ratios[name].append(seconds / this_round[baseline])
+    repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
     return ({name: statistics.median(v) * 1e3 for name, v in times.items()},
             {name: statistics.median(v) for name, v in ratios.items()})
 

@@ -29,7 +29,6 @@ import io
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import time
@@ -45,6 +44,8 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
+
+from benchlib import interleaved_rounds
 
 OPSET = 13  # below 14, where torch cannot export SDPA; the linalg ops have no export at all
 
@@ -334,21 +335,7 @@ def _time(fn: Callable[[], object], repeat: int) -> float:
 def _measure(label: str, threads: int, rounds: int, variants: dict[str, Callable[[], object]],
              baseline: str, extra: dict) -> dict:
     """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
-    repeats = {}
-    for name, fn in variants.items():
-        _time(fn, 1)  # warm-up
-        once = _time(fn, 2)
-        repeats[name] = max(1, min(200, int(0.02 / max(once, 1e-6))))
-    times: dict[str, list[float]] = {name: [] for name in variants}
-    ratios: dict[str, list[float]] = {name: [] for name in variants}
-    order = list(variants)
-    shuffler = random.Random(0)
-    for _ in range(rounds):
-        shuffler.shuffle(order)
-        this_round = {name: _time(variants[name], repeats[name]) for name in order}
-        for name, seconds in this_round.items():
-            times[name].append(seconds)
-            ratios[name].append(seconds / this_round[baseline])
+    repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
     return {"case": label, "threads": threads, "rounds": rounds, "baseline": baseline,
             "repeats": repeats,
             "median_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
