@@ -12,6 +12,8 @@ their files against the working directory; weights are copied byte for byte, not
 
 from __future__ import annotations
 
+import re
+
 import onnx
 
 from decomposer.errors import CheckFailedError, InvalidModelError
@@ -25,6 +27,7 @@ from decomposer.graphs import (
     model_nodes,
     norm_domain,
     opset_map,
+    subgraphs,
 )
 
 MAX_OPSET_VERSION = 2**31 - 1  # onnx.defs takes a C int
@@ -162,14 +165,29 @@ def check_output(out: onnx.ModelProto, classifier: OpClassifier,
     if failure and rewritten_outputs:
         # Forget the declared element types (then also the shapes) of the rewritten
         # outputs; if inference then fills in types that pass, the declarations were wrong.
+        # A rewritten node inside an If/Loop/Scan body types that node's outputs too.
+        names = rewritten_outputs | _outputs_of_nodes_enclosing(out, rewritten_outputs)
         for forget_shapes in (False, True):
             relaxed = checkable(out, classifier)
-            stripped = _strip_declared_types(relaxed, rewritten_outputs, forget_shapes)
+            stripped = _strip_declared_types(relaxed, names, forget_shapes)
             if stripped and _passes_with_inferred_types(relaxed):
                 raise InvalidModelError(
                     f"the model declares a type for {', '.join(repr(n) for n in stripped)} "
                     f"that contradicts what the custom node computes ({failure}); fix the "
                     f"declared type or shape in the export")
+    if failure and rewritten_outputs:
+        # The checker names the node whose inferred type clashes with the declared
+        # ("existing") one; if that node writes a rewritten output, the declaration is the
+        # input's (e.g. If branches that then disagree, so no relaxation can pass).
+        clash = re.findall(r"node name: ([^)]+)\): \[(?:Type|Shape)InferenceError\] "
+                           r"Inferred (?:elem type|shape) (?:differs|and existing)", failure)
+        writers = {o: n.name for n in model_nodes(out) for o in n.output}
+        blamed = sorted({o for o in rewritten_outputs if writers.get(o) in set(clash)})
+        if blamed:
+            raise InvalidModelError(
+                f"the model declares a type for {', '.join(repr(n) for n in blamed)} that "
+                f"contradicts what the custom node computes ({failure}); fix the declared "
+                f"type or shape in the export")
     if failure:
         raise CheckFailedError(f"the decomposed model fails onnx.checker (full_check) although "
                                f"the input passed: {failure}; this is a decomposer or pattern "
@@ -189,6 +207,21 @@ def _strip_declared_types(model: onnx.ModelProto, names: set[str], shapes: bool
                     value.type.tensor_type.ClearField("shape")
                 stripped.append(value.name)
     return sorted(set(stripped))
+
+
+def _outputs_of_nodes_enclosing(model: onnx.ModelProto, names: set[str]) -> set[str]:
+    """Outputs of the control-flow nodes (at any depth) whose bodies produce one of
+    ``names``."""
+    found: set[str] = set()
+
+    def produces(graph: onnx.GraphProto) -> bool:
+        return any(o in names for n in all_nodes(graph) for o in n.output)
+
+    for graph in all_graphs(model.graph):
+        for node in graph.node:
+            if any(produces(sub) for _, sub in subgraphs(node)):
+                found.update(o for o in node.output if o)
+    return found
 
 
 def _passes_with_inferred_types(model: onnx.ModelProto) -> bool:

@@ -208,3 +208,27 @@ def test_attribute_name_that_is_not_utf8_is_refused(tmp_path):
     src.write_bytes(data)
     assert main([str(src), str(tmp_path / "o.onnx")]) == 2
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_declared_type_contradicted_inside_an_if_branch_is_bad_input():
+    # then: AffineGrid of a double theta, whose branch output the model declares float;
+    # else: a float constant. Whatever the checker infers, the branches cannot agree: the
+    # declaration is the input's mistake (exit 2), not a decomposer bug (exit 4).
+    grid = helper.make_tensor_value_info("g", TensorProto.FLOAT, [None] * 4)
+    then_branch = helper.make_graph(
+        [helper.make_node("AffineGrid", ["theta", "size"], ["g"], name="ag",
+                          domain="custom.ops")], "then", [], [grid])
+    fallback = helper.make_tensor("zeros", TensorProto.FLOAT, [1, 1, 1, 2], [0.0, 0.0])
+    else_branch = helper.make_graph(
+        [helper.make_node("Constant", [], ["z"], name="zeros", value=fallback)], "else", [],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [None] * 4)])
+    node = helper.make_node("If", ["c"], ["out"], name="if", then_branch=then_branch,
+                            else_branch=else_branch)
+    model = make_model([node], [
+        helper.make_tensor_value_info("theta", TensorProto.DOUBLE, ["N", 2, 3]),
+        helper.make_tensor_value_info("size", TensorProto.INT64, [4]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [None] * 4)], 16,
+        extra_opsets=["custom.ops"])
+    with pytest.raises(decomposer.InvalidModelError, match="declares a type for 'g'"):
+        decomposer.decompose(model)

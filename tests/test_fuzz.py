@@ -19,12 +19,7 @@ from fuzz import campaign, check_seeds, labelled_seeds, make_mutants
 # scripts/fuzz.py gives them. A crash matching none of these fails the campaign test; one
 # matching them marks it xfail (listing them) once everything else has passed. Delete an
 # entry when its fix lands.
-KNOWN_FINDINGS = {
-    # Engine: If branches that disagree on a type once a custom node in one is typed fail
-    # the final check with exit 4 instead of being refused as bad input (exit 2).
-    "If branches disagree on a type": r"\(op_type:If, node name: [^)]*\): .*Inferred elem "
-                                      r"type differs",
-}
+KNOWN_FINDINGS: dict[str, str] = {}  # none open
 
 
 def _known(problem: dict) -> str | None:
