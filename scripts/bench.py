@@ -37,7 +37,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -52,7 +51,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
 
-from benchlib import interleaved_rounds
+from benchlib import OrtRunner, interleaved_rounds
+from benchlib import time_calls as _time
 
 CASES = [  # (label, size)
     ("2d N=8 64x64", (8, 1, 64, 64)),
@@ -159,29 +159,6 @@ def torch_dynamo_model(size, gridsample: bool) -> onnx.ModelProto | None:
         return onnx.load(path)
 
 
-class OrtRunner:
-    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 4  # the function body's N=1 failure is reported, not logged
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
-        names = {i.name for i in self.session.get_inputs()}
-        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()
-                      if k in names}
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.run_options = ort.RunOptions()
-
-    def __call__(self) -> None:
-        self.session.run_with_ort_values(self.outputs, self.feeds, self.run_options)
-
-    def result(self) -> np.ndarray:
-        return self.session.run_with_ort_values(self.outputs, self.feeds,
-                                                self.run_options)[0].numpy()
-
-
 class OpenVinoRunner:
     """OpenVINO CPU, f32 precision hint, latency mode, one reused request with set tensors."""
 
@@ -232,13 +209,6 @@ def bench_openvino(label: str, size, threads: int, rounds: int, gridsample: bool
                                atol=1e-2 if gridsample else 1e-4, rtol=1e-4)
     return _measure(label, list(size), threads, rounds, variants, "ov_native",
                     {"gridsample": gridsample, "engine": "openvino"})
-
-
-def _time(fn: Callable[[], None], repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat
 
 
 def bench_case(label: str, size, threads: int, rounds: int, gridsample: bool,

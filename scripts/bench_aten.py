@@ -36,7 +36,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -50,43 +49,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
 
-from benchlib import interleaved_rounds
+from benchlib import OrtRunner, interleaved_rounds
+from benchlib import time_calls as _time
 
 ATEN = "org.pytorch.aten"
 F32 = TensorProto.FLOAT
 
 
 # -- harness ----------------------------------------------------------------------------------
-
-
-class OrtRunner:
-    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
-        names = {i.name for i in self.session.get_inputs()}
-        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()
-                      if k in names}
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.run_options = ort.RunOptions()
-
-    def __call__(self) -> None:
-        self.session.run_with_ort_values(self.outputs, self.feeds, self.run_options)
-
-    def results(self) -> list[np.ndarray]:
-        return [v.numpy() for v in self.session.run_with_ort_values(self.outputs, self.feeds,
-                                                                     self.run_options)]
-
-
-def _time(fn: Callable[[], Any], repeat: int) -> float:
-    start = time.perf_counter()
-    for _ in range(repeat):
-        fn()
-    return (time.perf_counter() - start) / repeat
 
 
 def measure(variants: dict[str, Callable[[], Any]], rounds: int, baseline: str = "hand"

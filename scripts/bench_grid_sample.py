@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
 
-from benchlib import interleaved_rounds
+from benchlib import OrtRunner, interleaved_rounds, time_calls
 
 CASES = [  # (label, input shape N, C, H, W); the grid has the input's spatial size
     ("1x3x224x224", (1, 3, 224, 224)),
@@ -94,37 +94,11 @@ def affine_grid(batch: int, height: int, width: int, seed: int = 0) -> np.ndarra
     return np.stack([out_x, out_y], axis=-1).astype(np.float32)
 
 
-class OrtRunner:
-    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray], threads: int):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(model.SerializeToString(), options,
-                                            providers=["CPUExecutionProvider"])
-        names = {i.name for i in self.session.get_inputs()}
-        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()
-                      if k in names}
-        self.outputs = [o.name for o in self.session.get_outputs()]
-        self.run_options = ort.RunOptions()
-
-    def __call__(self) -> None:
-        self.session.run_with_ort_values(self.outputs, self.feeds, self.run_options)
-
-    def result(self) -> np.ndarray:
-        return self.session.run_with_ort_values(self.outputs, self.feeds,
-                                                self.run_options)[0].numpy()
-
-
 CLOCK = time.perf_counter  # --cpu-time: time.thread_time (1 thread only; shared machines)
 
 
 def _time(fn: Callable[[], None], repeat: int) -> float:
-    start = CLOCK()
-    for _ in range(repeat):
-        fn()
-    return (CLOCK() - start) / repeat
+    return time_calls(fn, repeat, CLOCK)
 
 
 def _measure(variants: dict[str, Callable[[], None]], baseline: str, rounds: int
