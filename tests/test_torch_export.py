@@ -116,7 +116,7 @@ def test_plain_torch_export_freezes_what_decomposer_keeps_dynamic(tmp_path, monk
         session.run(None, feeds)
     # decomposer.torch routes affine_grid and keeps H and W dynamic ...
     path = tmp_path / "grid.onnx"
-    report = dtorch.export(AffineGridOfInput(), args, path, opset_version=18,
+    report = dtorch.export(AffineGridOfInput().eval(), args, path, opset_version=18,
                            dynamic_shapes=shapes)
     assert report.counts == {"AffineGrid": 1} and report.verification.runs == 2
     (got,) = run_file(path, feeds)
@@ -126,7 +126,7 @@ def test_plain_torch_export_freezes_what_decomposer_keeps_dynamic(tmp_path, monk
     monkeypatch.setattr(dtorch, "_pattern_rewrites",
                         functools.lru_cache(lambda *args, **kwargs: False))
     with pytest.raises(dtorch.ExportError, match=r"input 'x' dim 2 .*fixed it to 16"):
-        dtorch.export(AffineGridOfInput(), args, tmp_path / "frozen.onnx", opset_version=18,
+        dtorch.export(AffineGridOfInput().eval(), args, tmp_path / "frozen.onnx", opset_version=18,
                       dynamic_shapes=shapes)
     assert not (tmp_path / "frozen.onnx").exists()
 
@@ -146,7 +146,7 @@ def test_frozen_dim_is_an_error_naming_the_dim(tmp_path):
     with pytest.raises(dtorch.ExportError,
                        match=r"input 'x' dim 1 is declared dynamic but torch.export fixed "
                              r"it to 20") as caught:
-        dtorch.export(Linspace(), (torch.randn(3, 20),), path, opset_version=18,
+        dtorch.export(Linspace().eval(), (torch.randn(3, 20),), path, opset_version=18,
                       dynamic_shapes={"x": {0: Dim.AUTO, 1: Dim.AUTO}})
     assert isinstance(caught.value, decomposer.InvalidModelError)
     assert "dim 0" not in str(caught.value)  # the batch stayed dynamic
@@ -164,7 +164,7 @@ def test_dim_frozen_inside_the_graph_fails_verification(tmp_path):
     path = tmp_path / "arange.onnx"
     with pytest.raises(decomposer.VerificationError,
                        match=r"x\[1\]: 20 -> 24\).*frozen inside the graph"):
-        dtorch.export(ArangeFromInt(), (torch.randn(3, 20),), path, dynamo=False,
+        dtorch.export(ArangeFromInt().eval(), (torch.randn(3, 20),), path, dynamo=False,
                       dynamic_shapes={"x": {0: "n", 1: "w"}})
 
 
@@ -178,7 +178,7 @@ def test_opset_that_cannot_be_reached_is_an_error(tmp_path):
     # and only logs. decomposer.torch refuses, naming the op and the opset.
     path = tmp_path / "ln.onnx"
     with pytest.raises(dtorch.ExportError, match="LayerNormalization.*opset 17"):
-        dtorch.export(LayerNorm(), (torch.randn(3, 4),), path, opset_version=16)
+        dtorch.export(LayerNorm().eval(), (torch.randn(3, 4),), path, opset_version=16)
     assert not path.exists()
 
 
@@ -300,7 +300,7 @@ WrongSymbolicOp = dtorch.opaque_function(WrongSymbolic)
 def test_verification_catches_a_wrong_symbolic(tmp_path):
     path = tmp_path / "wrong.onnx"
     with pytest.raises(decomposer.VerificationError, match="VERIFICATION FAILED") as caught:
-        dtorch.export(UsesWrongSymbolic(), (torch.randn(1, 2, 4, 4),), path)
+        dtorch.export(UsesWrongSymbolic().eval(), (torch.randn(1, 2, 4, 4),), path)
     assert caught.value.report.counts == {"CustomRotScale": 1}
     assert path.exists()  # kept for inspection, as decompose_file does
 
