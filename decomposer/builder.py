@@ -344,16 +344,28 @@ class Builder:
                        dtype=left.dtype or right.dtype)
 
     def Max(self, *xs: Operand, hint: str | None = None, out: str | None = None) -> Value:
-        """Elementwise maximum (float types only at opset 11; integers from 12)."""
-        like = self._dtype_of(*xs)
-        values = [self._operand(x, like, "max_in") for x in xs]
-        return self.op("Max", *values, hint=hint, out=out, dtype=like)
+        """Elementwise maximum. ONNX's Max takes integers only from opset 12: below that,
+        integer operands are spelled Where(Greater(a, c), a, c), pairwise."""
+        return self._extremum("Max", xs, hint, out)
 
     def Min(self, *xs: Operand, hint: str | None = None, out: str | None = None) -> Value:
-        """Elementwise minimum (float types only at opset 11; integers from 12)."""
+        """Elementwise minimum. ONNX's Min takes integers only from opset 12: below that,
+        integer operands are spelled Where(Less(a, c), a, c), pairwise."""
+        return self._extremum("Min", xs, hint, out)
+
+    def _extremum(self, op_type: str, xs: tuple[Operand, ...], hint: str | None,
+                  out: str | None) -> Value:
         like = self._dtype_of(*xs)
-        values = [self._operand(x, like, "min_in") for x in xs]
-        return self.op("Min", *values, hint=hint, out=out, dtype=like)
+        values = [self._operand(x, like, f"{op_type.lower()}_in") for x in xs]
+        if self.opset >= 12 or like is None or like.kind not in "iu" or len(values) < 2:
+            return self.op(op_type, *values, hint=hint, out=out, dtype=like)
+        pick_first = self.Greater if op_type == "Max" else self.Less
+        result = values[0]
+        for position, value in enumerate(values[1:], start=2):
+            last = position == len(values)
+            result = self.Where(pick_first(result, value), result, value,
+                                hint=hint, out=out if last else None)
+        return result
 
     def Neg(self, x: Operand, *, hint: str | None = None, out: str | None = None) -> Value:
         return self._unary("Neg", x, hint, out)
@@ -444,17 +456,25 @@ class Builder:
 
     def LessOrEqual(self, a: Operand, c: Operand, *, hint: str | None = None,
                     out: str | None = None) -> Value:
-        """``a <= c``; below opset 12 spelled Or(Less, Equal), which keeps NaN -> False."""
-        if self.opset >= 12:
-            return self._binary("LessOrEqual", a, c, hint, out, result=np.dtype(bool))
-        return self.Or(self.Less(a, c), self.Equal(a, c), hint=hint, out=out)
+        """``a <= c``. The native op exists from opset 12, but onnx2torch converts only its
+        opset-12 version, so from opset 16 (where it was revised) portable output spells it
+        too: Not(Greater) for integers, else Or(Less, Equal), which keeps NaN -> False."""
+        return self._or_equal("LessOrEqual", self.Less, self.Greater, a, c, hint, out)
 
     def GreaterOrEqual(self, a: Operand, c: Operand, *, hint: str | None = None,
                        out: str | None = None) -> Value:
-        """``a >= c``; below opset 12 spelled Or(Greater, Equal), which keeps NaN -> False."""
-        if self.opset >= 12:
-            return self._binary("GreaterOrEqual", a, c, hint, out, result=np.dtype(bool))
-        return self.Or(self.Greater(a, c), self.Equal(a, c), hint=hint, out=out)
+        """``a >= c``; spelled as :meth:`LessOrEqual` is, with the comparisons mirrored."""
+        return self._or_equal("GreaterOrEqual", self.Greater, self.Less, a, c, hint, out)
+
+    def _or_equal(self, op_type: str, strict: Any, opposite: Any, a: Operand, c: Operand,
+                  hint: str | None, out: str | None) -> Value:
+        native = 12 <= self.opset < 16 or (self.opset >= 16 and self.target == "ort")
+        if native:
+            return self._binary(op_type, a, c, hint, out, result=np.dtype(bool))
+        like = self._dtype_of(a, c)
+        if like is not None and like.kind in "iub":  # no NaN: one comparison, negated
+            return self.Not(opposite(a, c), hint=hint, out=out)
+        return self.Or(strict(a, c), self.Equal(a, c), hint=hint, out=out)
 
     def And(self, a: Operand, c: Operand, *, hint: str | None = None,
             out: str | None = None) -> Value:

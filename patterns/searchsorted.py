@@ -33,15 +33,21 @@ Before -> after::
       MIDS and LEAF_STARTS are constants from simulating torch's loop on every path
       (``search_tree``): 4 ops per step on values-sized int32 tensors, O(m log n).
     static n > 2**16: the same loop tracking (start, end) per value (no tables, 8 ops/step)
-    dynamic n: count = ReduceSum(Cast(Not(s[None, :] >= v[:, None])))   # (m, n) compares
+    dynamic n: count the elements that send the search right, in O(m (16 + n / 2**16)):
+        s = Pad(sequence[sorter], one element in front, the dtype's maximum behind)
+        count = 2**16 * ReduceSum(Not(s[2**16 j] >= v) for j = 1 .. n // 2**16 + 1)
+        16 times, step = 2**15 .. 1:  probe = min(count + step, n + 1)
+                                      count = Where(s[probe] >= v, count, count + step)
+        result = min(count, n)
 
-The count form equals the search exactly when the sequence is sorted with no NaN (which
-torch requires); with a NaN in a run-time-length sequence it may differ from torch.
+The dynamic form equals torch's search exactly when the sequence is sorted with no NaN
+(which torch requires); with a NaN inside a run-time-length sequence it may differ.
 
 Envelope: opsets 11+; sequence and values uint8/int8/int16/int32/int64/float16/bfloat16/
 float32/float64 (compared in the promoted type, widened to int32/float32 where ONNX
 Runtime lacks a kernel or merges casts: exact); ranks must be known; every dim dynamic (the
-search length n static for the exact unrolled forms; a dynamic n costs m * n compares).
+search length n static for the exact unrolled forms; a dynamic n costs 17 reads per value
+below 2**16 elements, one more per further 2**16).
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ MAX_RANK = 64
 # Static lengths up to this walk the decision tree (constant tables of 4n int32 values);
 # longer ones track (start, end) per value, which needs no tables (2 more ops per step).
 TREE_MAX_LENGTH = 2**16
+# A run-time length is searched in blocks of 2**BLOCK_STEPS: one block-boundary read per value
+# and BLOCK_STEPS bisection steps while n < 2**BLOCK_STEPS, plus one read per further block.
+BLOCK_STEPS = 16
+BLOCK = 2**BLOCK_STEPS
 
 
 def torch_promote_types(a: int, b: int) -> int:
@@ -209,7 +219,7 @@ class SearchSorted(Pattern):
                         b.GatherElements(sequence, sorter, -1, hint="sequence_sorted"))
         out = node.outputs[0]
         if facts.length is None:
-            self._build_count(b, sequence, values, facts, out)
+            self._build_dynamic(b, sequence, values, facts, out)
         else:
             self._build_search(b, sequence, values, facts, out)
 
@@ -311,19 +321,63 @@ class SearchSorted(Pattern):
         table[2**depth:] = leaf_starts
         b.Gather(table, node, axis=0, hint="result", out=out)
 
-    def _build_count(self, b: Builder, sequence: Value, values: Value, facts: SearchFacts,
-                     out: str) -> None:
-        rank, values_rank = facts.sequence_rank, len(facts.values_shape)
-        if rank > 1:  # (..., 1, n) against (..., m, 1)
-            table_sequence = b.Unsqueeze(sequence, [rank - 1], hint="sequence_rows")
-        else:  # (1, ..., 1, n) against (..., 1)
-            table_sequence = b.Unsqueeze(sequence, list(range(values_rank)),
-                                         hint="sequence_rows") if values_rank else sequence
-        table_values = b.Unsqueeze(values, [values_rank], hint="values_col")
-        left = self._goes_left(b, table_sequence, table_values, facts, "left")
-        moves_right = b.Cast(b.Not(left, hint="moves_right"), facts.out_type,
-                             hint="moves_right_count")
-        b.ReduceSum(moves_right, [values_rank], keepdims=False, hint="result", out=out)
+    def _build_dynamic(self, b: Builder, sequence: Value, values: Value, facts: SearchFacts,
+                       out: str) -> None:
+        """A run-time length n: count the elements that send the search right (exact for a
+        sorted row, as torch requires) without an (m, n) table, in two stages:
+        1. blocks of BLOCK = 2**BLOCK_STEPS elements: count the blocks whose last element
+           sends the search right (n // BLOCK + 1 reads per value: one unless n >= BLOCK);
+        2. a branchless bisection inside the block: BLOCK_STEPS steps of
+           ``count += step where s[count + step - 1] sends right``.
+        The row is padded with one element in front (so s[i] sits at i + 1 and a count c
+        reads its own index) and a sentinel behind (the dtype's maximum), and every index is
+        clamped to the sentinel: a read past the end stops the search, unless the value is
+        NaN (or equals the maximum, for right=True), and then min(count, n) is the answer."""
+        rank = facts.sequence_rank
+        batched = rank > 1
+        values_rank = len(facts.values_shape)
+        dtype = sequence.dtype
+        assert dtype is not None
+        sentinel = (np.array(np.inf, dtype) if dtype.kind == "f"
+                    else np.array(np.iinfo(dtype).max, dtype))
+        pads = [0] * (2 * rank)
+        pads[rank - 1] = pads[-1] = 1
+        padded = b.Pad(sequence, pads, sentinel, hint="sequence_guarded")
+        length = b.Squeeze(b.Shape(sequence, rank - 1, rank, hint="length_1d"), [0],
+                           hint="length")
+        sentinel_at = length + 1
+
+        # Stage 1: block boundaries BLOCK, 2 BLOCK, ... (counts), the last one past the end.
+        blocks = b.Div(length, np.int64(BLOCK), hint="full_blocks")
+        ends = b.Range(np.int64(1), blocks + 2, np.int64(1),
+                       hint="block_numbers") * np.int64(BLOCK)
+        ends = b.Min(ends, sentinel_at, hint="block_ends")
+        block_last = b.Gather(padded, ends, axis=rank - 1, hint="block_last")
+        if batched:  # (..., 1, blocks) against (..., m, 1)
+            block_last = b.Unsqueeze(block_last, [rank - 1], hint="block_last_rows")
+        elif values_rank:  # (1, ..., 1, blocks) against (..., 1)
+            block_last = b.Unsqueeze(block_last, list(range(values_rank)),
+                                     hint="block_last_rows")
+        column = b.Unsqueeze(values, [values_rank], hint="values_col")
+        passed = b.Not(self._goes_left(b, block_last, column, facts, "block_stop"),
+                       hint="block_passed")
+        count = b.ReduceSum(b.Cast(passed, np.int64, hint="block_passed_count"),
+                            [values_rank], keepdims=False, hint="blocks_passed")
+        count = count * np.int64(BLOCK)
+
+        # Stage 2: bisection inside the block.
+        for level in range(BLOCK_STEPS - 1, -1, -1):
+            step = 2**level
+            moved = count + np.int64(step)
+            at = b.Min(moved, sentinel_at, hint=f"probe{step}")
+            read = (b.GatherElements(padded, at, -1, hint=f"s_probe{step}") if batched
+                    else b.Gather(padded, at, axis=0, hint=f"s_probe{step}"))
+            stop = self._goes_left(b, read, values, facts, f"stop{step}")
+            count = b.Where(stop, count, moved, hint=f"count{step}")
+        if facts.out_type == T.INT64:
+            b.Min(count, length, hint="result", out=out)
+        else:
+            b.Cast(b.Min(count, length, hint="count"), facts.out_type, hint="result", out=out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SearchFacts
                      ) -> list[OutputType]:

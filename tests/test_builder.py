@@ -42,6 +42,45 @@ def test_less_or_equal_keeps_nan_false(opset):
         np.testing.assert_array_equal(got, X <= 3.0)
 
 
+def built(opset, build, target="portable"):
+    b = Builder(opset, "t", NameAllocator(["x", "y"]), NameAllocator(), target=target)
+    build(b, b.input("x", np.float32))
+    return [n.op_type for n in b.nodes]
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 16, 17, 21])
+@pytest.mark.parametrize("target", ["portable", "ort"])
+def test_or_equal_comparisons_keep_nan_false_for_floats_and_ints(opset, target):
+    """From opset 16 portable output spells >= and <= (onnx2torch converts only their
+    opset-12 versions); the results must not change, NaN included."""
+    for method, expected in (("GreaterOrEqual", X >= 3.0), ("LessOrEqual", X <= 3.0)):
+        got = run(opset, lambda b, v, m=method: getattr(b, m)(v, 3.0, out="y"),
+                  TensorProto.BOOL)
+        np.testing.assert_array_equal(got, expected)
+        ints = np.nan_to_num(X).astype(np.int64)
+        got = run(opset, lambda b, v, m=method: getattr(b, m)(b.Cast(v, np.int64), np.int64(3),
+                                                              out="y"), TensorProto.BOOL,
+                  x=ints.astype(np.float32))
+        np.testing.assert_array_equal(got, ints >= 3 if method == "GreaterOrEqual" else ints <= 3)
+        ops = built(opset, lambda b, v, m=method: getattr(b, m)(v, 3.0, out="y"), target)
+        assert (method in ops) == (12 <= opset < 16 or (opset >= 16 and target == "ort"))
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13])
+def test_integer_min_and_max_at_every_opset(opset):
+    """ONNX's Min/Max take integers from opset 12; below that they are spelled with Where."""
+    ints = np.array([[1, -3, 7, 0], [5, 5, 9, -2], [0, 1, 2, 2]], np.float32)
+    for method, reduce in (("Min", np.minimum), ("Max", np.maximum)):
+        got = run(opset, lambda b, v, m=method: getattr(b, m)(
+            b.Cast(v, np.int64), np.int64(2), b.Cast(v * 2.0 - 3.0, np.int64), out="y"),
+            TensorProto.INT64, x=ints)
+        as_int = ints.astype(np.int64)
+        np.testing.assert_array_equal(got, reduce(reduce(as_int, 2), as_int * 2 - 3))
+        ops = built(opset, lambda b, v, m=method: getattr(b, m)(b.Cast(v, np.int64), np.int64(2),
+                                                                out="y"))
+        assert (method in ops) == (opset >= 12)
+
+
 @pytest.mark.parametrize("opset", [11, 14, 15, 21])
 def test_shape_slice_at_every_opset(opset):
     got = run(opset, lambda b, v: b.Shape(v, 1, out="y"), TensorProto.INT64, rank=1)

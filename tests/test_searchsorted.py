@@ -15,7 +15,7 @@ from onnx import TensorProto, helper
 from torch.onnx import OperatorExportTypes
 
 import decomposer
-from decomposer.patterns.searchsorted import SearchSorted
+from decomposer.patterns.searchsorted import BLOCK, BLOCK_STEPS, SearchSorted
 from decomposer.testing import Case, check_pattern, compare, ir_version_for, run_onnxruntime
 
 NEWEST = onnx.defs.onnx_opset_version()
@@ -69,7 +69,41 @@ def test_static_length_sorted_and_irregular_sequences(attrs):
 def test_dynamic_length_sorted_sequences(attrs):
     results = check_pattern(SearchSorted(), cases(SORTED, attrs, True), opsets=[11, 17],
                             oracle=torch_searchsorted, atol=0, rtol=0)
-    assert all("ReduceSum" in r.op_types for r in results)  # the count form
+    # One block-boundary read, then BLOCK_STEPS bisection reads, whatever n is.
+    assert all(r.op_types.count("Gather") == BLOCK_STEPS + 1 for r in results)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
+def test_dynamic_length_across_blocks(attrs):
+    """A run-time length past one block (2**16): the block count, then the bisection inside;
+    ties and values on both sides of every block boundary, NaN and the infinities."""
+    rng = np.random.default_rng(11)
+    n = 2 * BLOCK + 37
+    sequence = np.sort(rng.integers(-3000, 3000, n)).astype(np.float32)
+    sequence[BLOCK - 3:BLOCK + 3] = sequence[BLOCK]  # a run of ties across a boundary
+    edges = sequence[[0, BLOCK - 2, BLOCK - 1, BLOCK, 2 * BLOCK - 1, 2 * BLOCK, n - 1]]
+    values = np.concatenate([rng.integers(-3100, 3100, 40).astype(np.float32), edges,
+                             edges + 0.5, edges - 0.5, [nan, inf, -inf]]).astype(np.float32)
+    check_pattern(SearchSorted(), [
+        Case([sequence, values], attrs, output_dtype=np.int32 if attrs else np.int64,
+             output_rank=1, symbolic="all",
+             more_inputs=[[sequence[:BLOCK], values], [sequence[:BLOCK + 1], values[::-1]]])],
+        opsets=[11, 17], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
+def test_dynamic_length_integer_extremes(dtype):
+    """The sentinel behind an integer row is the dtype's maximum: a value equal to it (and
+    sequences holding it) still lands where torch puts it."""
+    top = np.iinfo(dtype).max
+    low = np.iinfo(dtype).min
+    sequence = np.array([low, low, 0, 5, 5, top, top], dtype)
+    values = np.array([low, top, 0, 5, 4, 6, top - 1, low + 1], dtype)
+    for attrs in ({}, {"right": 1}):
+        check_pattern(SearchSorted(), [
+            Case([sequence, values], attrs, output_dtype=np.int64, output_rank=1,
+                 symbolic="all", more_inputs=[[sequence[:5], values], [sequence[:0], values]])],
+            opsets=[11, 17], oracle=torch_searchsorted, atol=0, rtol=0)
 
 
 def test_empty_sequence_and_empty_values():
