@@ -1,4 +1,5 @@
-"""tril / triu (torch.tril, torch.triu, ONNX Trilu): an index mask and Where; Trilu at 14+.
+"""tril / triu (torch.tril, torch.triu, ONNX Trilu): an index mask and Where (Trilu at 14+
+under ``--target ort``).
 
 Matches:
 - torch's fallbacks ``org.pytorch.aten::tril(x, diagonal)`` / ``triu`` and
@@ -20,13 +21,15 @@ Before -> after::
                     drop = Greater(cols[None, :], rows[:, None])           # (H, W) bool
                     y = Where(Expand(drop, Shape(x)), 0, x)                # one x-sized pass
     triu: Less instead.
-    opset 14+ and a dtype ONNX Runtime's Trilu kernel has: y = Trilu(x, d, upper)
+    --target ort, opset 14+ and a dtype ONNX Runtime's Trilu kernel has:
+                    y = Trilu(x, d, upper)
 
 Only the (H, W) mask is built from sizes; the Where is the only float pass over x (the mask
 is expanded to x's shape for TVM, which cannot broadcast a Where's condition over dynamic
 dims; ``--target ort`` broadcasts it instead). ONNX Runtime's Where is slow: the mask form
-costs about 5-10x its Trilu kernel, which is why 14+ emits Trilu. The mask form is used
-at 14+ too for dtypes ONNX Runtime's Trilu lacks. For dtypes its Where lacks: bool is
+costs about 4-5x its Trilu kernel, which is why ``--target ort`` emits Trilu at 14+ (for the
+dtypes ONNX Runtime's Trilu has). Portable output keeps the mask form at every opset:
+onnx2torch has no Trilu converter. For dtypes its Where lacks: bool is
 And(x, Not drop); int16/uint16 and bfloat16 go through int32/float32 and back (exact);
 uint64 is Mul by the 0/1 mask.
 
@@ -134,8 +137,9 @@ class _TriangleBase(Pattern):
         else:
             assert facts.diagonal is not None
             diagonal = facts.diagonal
-        if b.opset >= 14 and facts.elem_type in _TRILU_TYPES:
-            # Standard from 14 on and a single pass; measured no slower than the mask form.
+        if b.target == "ort" and b.opset >= 14 and facts.elem_type in _TRILU_TYPES:
+            # Standard from 14 on and a single pass, 4-5x faster than the mask form on ONNX
+            # Runtime; not portable: onnx2torch has no Trilu converter.
             k = b.ints(diagonal, "diagonal") if isinstance(diagonal, int) else diagonal
             b.op("Trilu", x, k, upper=int(facts.upper), hint="trilu", out=out)
             return

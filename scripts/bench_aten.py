@@ -12,9 +12,10 @@ Variants, all timed in one process, interleaved in a shuffled order each round:
   decomposed at the case's opset, every input dim symbolic except where the case says so;
 - ``decomposer_dynamic`` (cummax, searchsorted): the same with the scanned / searched
   length symbolic too, which selects the length-independent form; ``*_opset17``
-  (searchsorted): at opset 17, where portable output spells ``>=`` as Or(Greater, Equal); ``decomposer_ort``
-  (rot90): decomposed with ``target="ort"``; ``decomposer_opset17`` (tril): at opset 17,
-  where the pattern emits Trilu;
+  (searchsorted): at opset 17, where portable output spells ``>=`` as Or(Greater, Equal);
+  ``decomposer_ort`` (rot90): decomposed with ``target="ort"``; ``decomposer_opset17``
+  (tril): at opset 17 (still the mask form), and ``decomposer_opset17_ort`` with
+  ``target="ort"``, where the pattern emits Trilu;
 - ``hand``: the fastest equivalent I could write by hand with standard ops, built here
   with ``onnx.helper`` and static shapes (constants precomputed), independent of the
   pattern's code: the baseline. ``hand_*``: other hand-written forms (``hand_slice``: a
@@ -243,13 +244,15 @@ def bench_tril(threads: int, rounds: int, quick: bool) -> list[dict]:
         x = np.random.default_rng(0).normal(size=shape).astype(np.float32)
         op = "triu" if upper else "tril"
 
-        def decomposed(opset: int, x=x, op=op, diagonal=diagonal) -> onnx.ModelProto:
+        def decomposed(opset: int, target: str = "portable", x=x, op=op, diagonal=diagonal
+                       ) -> onnx.ModelProto:
             return aten_model(op, [("x", x, symbolic(x, "d"))], [np.int64(diagonal)],
-                              [("y", F32, 3)], opset)
+                              [("y", F32, 3)], opset, target)
 
         variants: dict[str, Any] = {
             "decomposer": OrtRunner(decomposed(13), {"x": x}, threads),
             "decomposer_opset17": OrtRunner(decomposed(17), {"x": x}, threads),
+            "decomposer_opset17_ort": OrtRunner(decomposed(17, "ort"), {"x": x}, threads),
             "hand": OrtRunner(tril_hand_mask(shape, diagonal, upper, 13), {"x": x}, threads),
             "hand_trilu": OrtRunner(tril_hand_trilu(shape, diagonal, upper), {"x": x},
                                     threads)}
