@@ -1,5 +1,6 @@
-"""tril / triu (torch.tril, torch.triu, ONNX Trilu): an index mask and Where (Trilu at 14+
-under ``--target ort``).
+"""tril / triu (torch.tril, torch.triu, ONNX Trilu): an index mask and Where.
+
+Under ``--target ort`` opsets 14+ emit ONNX's Trilu instead (see below).
 
 Matches:
 - torch's fallbacks ``org.pytorch.aten::tril(x, diagonal)`` / ``triu`` and
