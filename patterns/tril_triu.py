@@ -167,12 +167,19 @@ def _drop_mask(b: Builder, x: Value, diagonal: Value | int, facts: TriFacts) -> 
     cols = b.Unsqueeze(cols, [0], hint="cols_row")  # (1, W)
     drop = (b.Less(cols, rows, hint="drop") if facts.upper
             else b.Greater(cols, rows, hint="drop"))
-    if b.target == "ort":  # ONNX Runtime broadcasts the (H, W) mask itself
-        if facts.shape is not None and len(facts.shape) > 2:
-            drop = b.Unsqueeze(drop, list(range(len(facts.shape) - 2)), hint="drop_full_rank")
+    rank = None if facts.shape is None else len(facts.shape)
+    if rank == 2:
+        return drop
+    if rank is not None:
+        drop = b.Unsqueeze(drop, list(range(rank - 2)), hint="drop_full_rank")
+    if b.target == "ort":  # ONNX Runtime broadcasts the mask itself
         return drop
     # TVM (Relax, 0.27) cannot lower a Where whose condition broadcasts against a dynamic
-    # shape; expanding the bool mask first costs about a quarter more on ONNX Runtime.
+    # shape: the mask is expanded to x's shape first (about a quarter more on ONNX Runtime),
+    # after the Unsqueeze to full rank, since onnx2tf's flatbuffer_direct turns an Expand
+    # that adds axes into a Reshape to a guessed size that LiteRT rejects. (Measured: its
+    # older tf_converter backend then transposes the target shape, and TVM refuses a Tile
+    # by repeats read from the shape, so neither of those is a way out.)
     return b.Expand(drop, shape, hint="drop_full")
 
 
