@@ -352,9 +352,12 @@ class SearchSorted(Pattern):
         pads = [0] * (2 * rank)
         pads[rank - 1] = pads[-1] = 1
         padded = b.Pad(sequence, pads, sentinel, hint="sequence_guarded")
-        length = b.Squeeze(b.Shape(sequence, rank - 1, rank, hint="length_1d"), [0],
-                           hint="length")
-        sentinel_at = length + 1
+        # n twice: a 0-d one for Range, a (1,) one for the clamps (TVM's importer keeps a 0-d
+        # size as a PrimValue, which its Min cannot take).
+        sequence_shape = b.Shape(sequence, hint="sequence_shape")
+        length = b.Gather(sequence_shape, rank - 1, hint="length")
+        length_1d = b.Gather(sequence_shape, [rank - 1], hint="length_1d")
+        sentinel_at = length_1d + 1
 
         # Stage 1: block boundaries BLOCK, 2 BLOCK, ... (counts), the last one past the end;
         # (..., 1, blocks) against (..., m, 1).
@@ -362,8 +365,20 @@ class SearchSorted(Pattern):
         ends = b.Range(np.int64(1), blocks + 2, np.int64(1),
                        hint="block_numbers") * np.int64(BLOCK)
         ends = b.Min(ends, sentinel_at, hint="block_ends")
-        block_last = b.Unsqueeze(b.Gather(padded, ends, axis=rank - 1, hint="block_last"),
-                                 [rank - 1], hint="block_last_rows")
+        if rank > 1:
+            # Read the boundaries per row of the *values*, whose leading dims equal the
+            # sequence's: TVM cannot broadcast two different symbolic dims. The row indices
+            # come from zeros of the values' leading shape (a sum over nothing, even at m=0).
+            lowest = (np.array(-np.inf, dtype) if dtype.kind == "f"
+                      else np.array(np.iinfo(dtype).min, dtype))
+            row_zeros = b.ReduceSum(b.Cast(b.Less(values, lowest, hint="never"), np.int64,
+                                           hint="never_int"),
+                                    [rank - 1], keepdims=True, hint="row_zeros")
+            ends = b.Add(row_zeros, ends, hint="block_ends_per_row")  # (..., blocks)
+            block_last = b.GatherElements(padded, ends, -1, hint="block_last")
+        else:
+            block_last = b.Gather(padded, ends, axis=0, hint="block_last")
+        block_last = b.Unsqueeze(block_last, [rank - 1], hint="block_last_rows")
         column = b.Unsqueeze(values, [rank], hint="values_col")
         passed = b.Not(self._goes_left(b, block_last, column, facts, "block_stop"),
                        hint="block_passed")
@@ -381,8 +396,8 @@ class SearchSorted(Pattern):
                           hint=f"stop{step}_int")
             count = moved - (stop * np.int64(step) if step > 1 else stop)
         if facts.out_type == T.INT64:
-            return b.Min(count, length, hint="result", out=out)
-        return b.Cast(b.Min(count, length, hint="count"), facts.out_type, hint="result",
+            return b.Min(count, length_1d, hint="result", out=out)
+        return b.Cast(b.Min(count, length_1d, hint="count"), facts.out_type, hint="result",
                       out=out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SearchFacts

@@ -70,7 +70,7 @@ def test_dynamic_length_sorted_sequences(attrs):
     results = check_pattern(SearchSorted(), cases(SORTED, attrs, True), opsets=[11, 17],
                             oracle=torch_searchsorted, atol=0, rtol=0)
     # One block-boundary read, then BLOCK_STEPS bisection reads, whatever n is.
-    assert all(r.op_types.count("Gather") == 1 for r in results)
+    assert all(r.op_types.count("Gather") == 3 for r in results)  # 2 of them read n
     assert all(r.op_types.count("GatherElements") == BLOCK_STEPS for r in results)
 
 
@@ -88,7 +88,12 @@ def test_dynamic_length_across_blocks(attrs):
     check_pattern(SearchSorted(), [
         Case([sequence, values], attrs, output_dtype=np.int32 if attrs else np.int64,
              output_rank=1, symbolic="all",
-             more_inputs=[[sequence[:BLOCK], values], [sequence[:BLOCK + 1], values[::-1]]])],
+             more_inputs=[[sequence[:BLOCK], values], [sequence[:BLOCK + 1], values[::-1]]]),
+        # Batched: per-row block boundaries, rows of different contents; no values at all.
+        Case([np.stack([sequence, sequence[::-1] * -1 + 7]),
+              np.stack([values, values[::-1] - 3])], attrs,
+             output_dtype=np.int32 if attrs else np.int64, output_rank=2, symbolic="all",
+             more_inputs=[[np.stack([sequence] * 3), np.zeros((3, 0), np.float32)]])],
         opsets=[11, 17], oracle=torch_searchsorted, atol=0, rtol=0)
 
 
@@ -436,7 +441,8 @@ def test_bad_forms_are_rejected_with_the_node_named(build, reason):
 
 def portability_cases():
     """SearchSorted (custom.ops): a static-length 1-D sequence, dynamic values, left and
-    right; oracle: torch.searchsorted."""
+    right; a run-time-length batched sequence (the block + bisection form); oracle:
+    torch.searchsorted."""
     from decomposer.testing import single_node_model
 
     sequence = np.array([-2, -1, 0, 0.5, 2, 2, 3.5], np.float32)
@@ -453,4 +459,16 @@ def portability_cases():
                       "expected": [[torch_searchsorted(sequence, v, **attrs)]
                                    for v in value_sets],
                       "atol": 0.0})
+    rows = [np.sort(np.random.default_rng(seed).integers(-9, 9, shape), -1).astype(np.float32)
+            for seed, shape in enumerate([(2, 11), (3, 5)])]
+    values = [np.random.default_rng(seed + 5).integers(-10, 10, (len(r), 4)).astype(np.float32)
+              for seed, r in enumerate(rows)]
+    model = single_node_model("SearchSorted", "custom.ops",
+                              Case([rows[0], values[0]], {"right": 1}, symbolic="all",
+                                   output_dtype=np.int64, output_rank=2), 17)
+    cases.append({"id": "SearchSorted batched dynamic length right", "model": model,
+                  "feeds": [{"input0": r, "input1": v} for r, v in zip(rows, values, strict=True)],
+                  "expected": [[torch_searchsorted(r, v, right=1)]
+                               for r, v in zip(rows, values, strict=True)],
+                  "atol": 0.0})
     return cases
