@@ -459,6 +459,15 @@ def portability_cases():
                       "expected": [[torch_searchsorted(sequence, v, **attrs)]
                                    for v in value_sets],
                       "atol": 0.0})
+    model = single_node_model("SearchSorted", "custom.ops",
+                              Case([sequence, value_sets[0]], {}, symbolic="all",
+                                   output_dtype=np.int64, output_rank=1), 17)
+    cases.append({"id": "SearchSorted 1-D dynamic length left", "model": model,
+                  "feeds": [{"input0": sequence, "input1": value_sets[0]},
+                            {"input0": sequence[:4], "input1": value_sets[1]}],
+                  "expected": [[torch_searchsorted(sequence, value_sets[0])],
+                               [torch_searchsorted(sequence[:4], value_sets[1])]],
+                  "atol": 0.0})
     rows = [np.sort(np.random.default_rng(seed).integers(-9, 9, shape), -1).astype(np.float32)
             for seed, shape in enumerate([(2, 11), (3, 5)])]
     values = [np.random.default_rng(seed + 5).integers(-10, 10, (len(r), 4)).astype(np.float32)
