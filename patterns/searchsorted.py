@@ -31,14 +31,14 @@ Before -> after::
                             node = Where(stop, 2 node, 2 node + 1)
         result = Gather(LEAF_STARTS, node)                # in the output dtype
       MIDS and LEAF_STARTS are constants from simulating torch's loop on every path
-      (``search_tree``): 4 ops per step on values-sized int32 tensors, O(m log n).
+      (``search_tree``): 5 cheap ops per step on values-sized int32 tensors, O(m log n).
     static n > 2**16: the same loop tracking (start, end) per value (no tables, 8 ops/step)
     dynamic n: count the elements that send the search right, in O(m (16 + n / 2**16)):
         s = Pad(sequence[sorter], one element in front, the dtype's maximum behind)
-        count = 2**16 * ReduceSum(Not(s[2**16 j] >= v) for j = 1 .. n // 2**16 + 1)
+        count = 2**16 * ReduceSum(s[2**16 j] < v for j = 1 .. n // 2**16 + 1)   # (<= right)
         16 times, step = 2**15 .. 1:  probe = min(count + step, n + 1)
-                                      count = Where(s[probe] >= v, count, count + step)
-        result = min(count, n)
+                                      count += step * Cast(s[probe] < v)     # (<= for right)
+        result = min(count, n), and n for a NaN value
 
 The dynamic form equals torch's search exactly when the sequence is sorted with no NaN
 (which torch requires); with a NaN inside a run-time-length sequence it may differ.
@@ -338,7 +338,7 @@ class SearchSorted(Pattern):
         1. blocks of BLOCK = 2**BLOCK_STEPS elements: count the blocks whose last element
            sends the search right (n // BLOCK + 1 reads per value: one unless n >= BLOCK);
         2. a branchless bisection inside the block: BLOCK_STEPS steps of
-           ``count += step unless s[count + step - 1] stops the search``.
+           ``count += step if s[count + step - 1] < v`` (<= v for right=True).
         The row is padded with one element in front (so s[i] sits at i + 1 and a count c
         reads its own index) and a sentinel behind (the dtype's maximum), and every index is
         clamped to the sentinel: a read past the end stops the search, unless the value is
@@ -380,8 +380,13 @@ class SearchSorted(Pattern):
             block_last = b.Gather(padded, ends, axis=0, hint="block_last")
         block_last = b.Unsqueeze(block_last, [rank - 1], hint="block_last_rows")
         column = b.Unsqueeze(values, [rank], hint="values_col")
-        passed = b.Not(self._goes_left(b, block_last, column, facts, "block_stop"),
-                       hint="block_passed")
+        # Left: "moves right" is s < v, one comparison at every opset (a NaN value is
+        # fixed at the end); right: "stops" is s > v, and a NaN value passes everything.
+        if facts.right:
+            passed = b.Not(b.Greater(block_last, column, hint="block_stop"),
+                           hint="block_passed")
+        else:
+            passed = b.Less(block_last, column, hint="block_passed")
         count = b.ReduceSum(b.Cast(passed, np.int64, hint="block_passed_count"),
                             [rank], keepdims=False, hint="blocks_passed")
         count = count * np.int64(BLOCK)
@@ -392,13 +397,27 @@ class SearchSorted(Pattern):
             moved = count + np.int64(step)
             at = b.Min(moved, sentinel_at, hint=f"probe{step}")
             read = b.GatherElements(padded, at, -1, hint=f"s_probe{step}")
-            stop = b.Cast(self._goes_left(b, read, values, facts, f"stop{step}"), np.int64,
-                          hint=f"stop{step}_int")
-            count = moved - (stop * np.int64(step) if step > 1 else stop)
-        if facts.out_type == T.INT64:
-            return b.Min(count, length_1d, hint="result", out=out)
-        return b.Cast(b.Min(count, length_1d, hint="count"), facts.out_type, hint="result",
-                      out=out)
+            if facts.right:  # count = moved unless s > v
+                stop = b.Cast(b.Greater(read, values, hint=f"stop{step}"), np.int64,
+                              hint=f"stop{step}_int")
+                count = moved - (stop * np.int64(step) if step > 1 else stop)
+            else:  # count += step if s < v
+                passes = b.Cast(b.Less(read, values, hint=f"passes{step}"), np.int64,
+                                hint=f"passes{step}_int")
+                count = count + (passes * np.int64(step) if step > 1 else passes)
+        fix_nan = not facts.right and dtype.kind == "f"
+        last = facts.out_type == T.INT64 and not fix_nan
+        count = b.Min(count, length_1d, hint="result" if last else "count",
+                      out=out if last else None)
+        if fix_nan:  # a NaN value passed nothing (Less is False); torch runs it to the end
+            nan_to_end = b.Cast(b.IsNaN(values, hint="nan_value"), np.int64,
+                                hint="nan_value_int") * length_1d
+            last = facts.out_type == T.INT64
+            count = b.Max(count, nan_to_end, hint="result" if last else "count_nan",
+                          out=out if last else None)
+        if not last:
+            count = b.Cast(count, facts.out_type, hint="result", out=out)
+        return count
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SearchFacts
                      ) -> list[OutputType]:
