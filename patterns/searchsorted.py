@@ -340,17 +340,22 @@ class SearchSorted(Pattern):
         2. a branchless bisection inside the block: BLOCK_STEPS steps of
            ``count += step if s[count + step - 1] < v`` (<= v for right=True).
         The row is padded with one element in front (so s[i] sits at i + 1 and a count c
-        reads its own index) and a sentinel behind (the dtype's maximum), and every index is
-        clamped to the sentinel: a read past the end stops the search, unless the value is
-        NaN (or equals the maximum, for right=True), and then min(count, n) is the answer.
-        Values are (..., m) against a (..., n) sequence: 1-D sequences get flat values."""
+        reads its own index) and sentinels behind (the dtype's maximum): a read past the end
+        stops the search, unless the value is NaN (or equals the maximum, for right=True),
+        and then min(count, n) is the answer. A 1-D sequence gets BLOCK sentinels, which
+        no probe can pass (the block count is clamped to n // BLOCK), so probes need no
+        clamp; batched rows get one sentinel and every index is clamped to it (BLOCK per row
+        would cost rows * BLOCK elements per run). Values are (..., m) against a (..., n)
+        sequence: 1-D sequences get flat values."""
         rank = facts.sequence_rank
         dtype = sequence.dtype
         assert dtype is not None
         sentinel = (np.array(np.inf, dtype) if dtype.kind == "f"
                     else np.array(np.iinfo(dtype).max, dtype))
+        one_d = rank == 1
         pads = [0] * (2 * rank)
-        pads[rank - 1] = pads[-1] = 1
+        pads[rank - 1] = 1
+        pads[-1] = BLOCK if one_d else 1
         padded = b.Pad(sequence, pads, sentinel, hint="sequence_guarded")
         # n twice: a 0-d one for Range, a (1,) one for the clamps (TVM's importer keeps a 0-d
         # size as a PrimValue, which its Min cannot take).
@@ -364,7 +369,8 @@ class SearchSorted(Pattern):
         blocks = b.Div(length, np.int64(BLOCK), hint="full_blocks")
         ends = b.Range(np.int64(1), blocks + 2, np.int64(1),
                        hint="block_numbers") * np.int64(BLOCK)
-        ends = b.Min(ends, sentinel_at, hint="block_ends")
+        if not one_d:
+            ends = b.Min(ends, sentinel_at, hint="block_ends")
         if rank > 1:
             # Read the boundaries per row of the *values*, whose leading dims equal the
             # sequence's: TVM cannot broadcast two different symbolic dims. The row indices
@@ -389,13 +395,16 @@ class SearchSorted(Pattern):
             passed = b.Less(block_last, column, hint="block_passed")
         count = b.ReduceSum(b.Cast(passed, np.int64, hint="block_passed_count"),
                             [rank], keepdims=False, hint="blocks_passed")
+        if one_d and facts.right:  # a value >= the sentinel passed it: stay inside the pad
+            count = b.Min(count, b.Div(length_1d, np.int64(BLOCK), hint="full_blocks_1d"),
+                          hint="blocks_passed_inside")
         count = count * np.int64(BLOCK)
 
         # Stage 2: bisection inside the block (arithmetic, not Where: see _build_tree).
         for level in range(BLOCK_STEPS - 1, -1, -1):
             step = 2**level
             moved = count + np.int64(step)
-            at = b.Min(moved, sentinel_at, hint=f"probe{step}")
+            at = moved if one_d else b.Min(moved, sentinel_at, hint=f"probe{step}")
             read = b.GatherElements(padded, at, -1, hint=f"s_probe{step}")
             if facts.right:  # count = moved unless s > v
                 stop = b.Cast(b.Greater(read, values, hint=f"stop{step}"), np.int64,
