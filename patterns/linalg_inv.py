@@ -18,11 +18,15 @@ Before -> after::
 
     n <= 4, linalg_inv / inverse / Inverse (closed form, adjugate / determinant):
       F = Transpose(Reshape(A, (B, n*n)))       # (n*n, B): every Gather copies batch rows
-      m = mean |F|; c = 1 if lo <= m <= hi else 1 / m; F = c F   # no product overflows
-      adj = signs @ (Gather(F, i) * Gather(F, j))       # 2x2 minors (n = 3: the cofactors)
-      adj = signs @ (Gather(F, i') * Gather(adj, j'))   # n = 4: the 3x3 cofactors
-      det = ones @ (F[0, :] * adj[:, 0])                # along the first row
-      inv = Reshape(Transpose(adj * c / det), shape(A))
+      m = mean |F|; c = 1 if Clip(m, lo, hi) == m else 1 / m; F = c F   # no overflow
+      n = 2, 3, on single rows f_i = Gather(F, [i]), each (1, B):
+        adj = [f3, -f1, -f2, f0]; det = f0 f3 - f1 f2                           (n = 2)
+        adj_e = f_i f_j - f_k f_l (the cyclic cofactors); det = f0 adj0 + f1 adj3 + f2 adj6
+      n = 4, on blocks of rows:
+        adj = signs @ (Gather(F, i) * Gather(F, j))       # 2x2 minors
+        adj = signs @ (Gather(F, i') * Gather(adj, j'))   # the 3x3 cofactors
+        det = ones @ (F[0, :] * adj[:, 0])                # along the first row
+      inv = Reshape(Transpose(Concat(adj) * c / det), shape(A))
     5 <= n <= 32, and every n for linalg_inv_ex (Gauss-Jordan, partial pivoting, unrolled):
       M = [A | I]; for each column k: pivot row p = argmax |M[:, k]| over rows not yet used;
       r = M[p, :] / M[p, k]; M = M - where(row is p, 0, M[:, k]) * r   (drop column k)
@@ -199,14 +203,25 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
                        batch_last: bool) -> Value:
     """inv = adj(A) / det(A) for n <= 4, on A's entries laid out (n*n, B).
 
-    With the batch on the last axis every Gather copies whole rows of B values, and every
-    sum over terms is a (1, T) @ (T, ...) MatMul: ONNX Runtime reduces over an outer axis
-    5-10x slower than that, and batch-first it would copy single elements. det is a product
-    of n entries, which over- or underflows long before the inverse does (float32 entries
-    of 1e10 give det = 1e40 for n = 4), so a matrix whose mean |entry| is outside
-    ``_SAFE_ABS_MEAN`` is scaled to a mean of 1 first. (Computing float32 in float64 instead was
-    measured 1.3-1.7x slower at a batch of 100000; scaling by an exact power of two, with
-    Log/Floor/Pow, 1.5x.)"""
+    With the batch on the last axis every row of entries is a contiguous run of B values.
+    n = 2, 3 take the rows one by one (a Gather each; ONNX Runtime fuses them into one
+    Split) and form every cofactor, det and the result with elementwise ops on single rows,
+    which stay in cache: at n = 3 and a batch of 100000 this takes 0.6-0.7x the time of the
+    block form below. At n = 4 single rows take ~160 nodes (0.55x the time at a batch of
+    100000, but 1.7x at a batch of 1), so n = 4 gathers blocks of rows and sums each
+    stage's terms with one (1, T) @ (T, ...) MatMul: ONNX Runtime reduces over an outer axis
+    5-10x slower than that, and batch-first it would copy single elements. Every tensor is
+    2-D: onnx2tf's tf_converter mislays a 3-D (T, outputs, B) product (a broadcast error)
+    and a 3-D output Transpose (wrong layout).
+
+    det is a product of n entries, which over- or underflows long before the inverse does
+    (float32 entries of 1e10 give det = 1e40 for n = 4), so a matrix whose mean |entry| is
+    outside ``_SAFE_ABS_MEAN`` is scaled to a mean of 1 first. (Computing float32 in float64
+    instead was measured 1.3-1.7x slower at a batch of 100000; scaling by an exact power of
+    two, with Log/Floor/Pow, 1.5x. A continuous c = Clip(mean, low, high) / mean is cheaper
+    than the Where but leaves such a matrix at a mean of ``low`` or ``high``, where
+    adj * (c / det) under- or overflows: inf or 100% errors at float32 entries of 1e+-30
+    for n = 3, 4.)"""
     n, m, dtype = facts.n, facts.rank - 2, facts.dtype
     if n == 1:
         inverse = b.Reciprocal(a, hint="inverse", out=None if batch_last else out)
@@ -214,49 +229,87 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
             if batch_last else inverse
     rows = b.Reshape(a, [-1, n * n], hint="A_rows")  # (B, n*n)
     entries = b.Transpose(rows, [1, 0], hint="A_t")  # (n*n, B)
-    batch = b.Shape(entries, 1, 2, hint="batch")  # [B]
     mean = b.MatMul(np.full((1, n * n), 1 / (n * n), dtype), b.Abs(entries, hint="A_abs"),
                     hint="A_abs_mean")  # (1, B): mean |A|
     # c is exactly 1 while mean |A| is within the bounds, so the common case is not rounded
     # at all (an exactly singular matrix keeps det = 0); outside them c A has mean |entry|
     # 1, where no product of n entries (nor c / det below) over- or underflows.
-    low, high = _SAFE_ABS_MEAN[facts.dtype.type]
-    extreme = b.Or(b.Less(mean, low, hint="A_tiny"), b.Greater(mean, high, hint="A_huge"),
-                   hint="A_extreme")
-    shrink = b.Where(extreme, b.Reciprocal(mean, hint="A_mean_inv"), 1.0,
+    # (Clip(mean) == mean and Where(ordinary, 1, 1 / mean): 0.17 ms on ONNX Runtime at a
+    # batch of 100000, against 0.27 for Or(Less, Greater) and Where(extreme, 1 / mean, 1).
+    # A NaN, 0 or inf mean is not ordinary; c = 1 / mean then makes the result NaN.)
+    low, high = (np.asarray(bound, dtype) for bound in _SAFE_ABS_MEAN[facts.dtype.type])
+    ordinary = b.Equal(b.Clip(mean, low, high, hint="A_mean_clipped"), mean,
+                       hint="A_ordinary")
+    shrink = b.Where(ordinary, 1.0, b.Reciprocal(mean, hint="A_mean_inv"),
                      hint="A_shrink")  # (1, B): c
-    entries = b.Mul(entries, shrink, hint="A_scaled")
-    if n == 2:  # adj = [[d, -b], [-c, a]]
-        adj = b.Mul(b.Gather(entries, [3, 1, 2, 0], axis=0, hint="adj_terms"),
-                    np.asarray([[1], [-1], [-1], [1]], dtype), hint="adj")  # (4, B)
+    scaled = b.Mul(entries, shrink, hint="A_scaled")  # F = c A
+    # With F = c A: inv(A) = adj(F) * c / det(F), as (n*n, B)
+    if n <= 3:
+        inverse = _closed_form_rows(b, scaled, shrink, n)
     else:
-        adj = entries
-        for index, stage in enumerate(cofactor_stages(n)):
-            terms, outputs = stage.first.shape
-            products = b.Mul(b.Gather(entries, stage.first, axis=0, hint=f"x{index}"),
-                             b.Gather(adj, stage.second, axis=0, hint=f"y{index}"),
-                             hint=f"products{index}")  # (T, outputs, B)
-            flat = b.Reshape(products, [terms, -1], hint=f"products{index}_2d")
-            summed = b.MatMul(stage.term_signs.reshape(1, terms).astype(dtype), flat,
-                              hint=f"terms{index}_sum")  # (1, outputs * B)
-            adj = b.Reshape(summed, b.Concat(np.asarray([outputs], np.int64), batch, axis=0,
-                                             hint=f"stage{index}_shape"),
-                            hint=f"stage{index}")  # (outputs, B)
-            if stage.entry_signs is not None:
-                adj = b.Mul(adj, stage.entry_signs.reshape(-1, 1).astype(dtype),
-                            hint=f"stage{index}_signed")
-    # det = sum_j A[0, j] * adj[j, 0], along the first row
-    first_row = b.Gather(entries, list(range(n)), axis=0, hint="A_row0")  # (n, B)
-    first_col = b.Gather(adj, [j * n for j in range(n)], axis=0, hint="adj_col0")
-    det = b.MatMul(np.ones((1, n), dtype), first_row * first_col, hint="det")  # (1, B)
-    # With F = c A: inv(A) = adj(F) * c / det(F)
-    inverse = b.Mul(adj, b.Div(shrink, det, hint="det_inv"), hint="inverse_t")
+        inverse = _closed_form_blocks(b, scaled, shrink, n, dtype)
     if batch_last:  # (n, n, *) with A's own batch dims
         shape = b.Concat(np.asarray([n, n], np.int64), b.Shape(a, 0, m, hint="A_batch"),
                          axis=0, hint="inverse_t_shape")
         return b.Reshape(inverse, shape, hint="inverse_t_3d")
+    # A 2-D Transpose and a Reshape: a 3-D Transpose from (n, n, *) straight into the
+    # output would save ONNX Runtime the Reshape's copy (5-10%), but onnx2tf's
+    # tf_converter mislays it.
     return b.Reshape(b.Transpose(inverse, [1, 0], hint="inverse_rows"), b.Shape(a),
                      hint="inverse", out=out)
+
+
+def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int) -> Value:
+    """n = 2, 3 on single rows: F = c A as (n*n, B) -> inv(A) as (n*n, B)."""
+    # Gathers, not one Split: onnx2tf's tf_converter lowers a Split to SplitV, which LiteRT
+    # runs only with the Flex delegate. (And ONNX Runtime's transpose optimizer, given a
+    # Split, moves the output Transpose up through these ops and turns the Split batch-first
+    # with a Transpose per row: 2.5x slower at n = 2.)
+    f = [b.Gather(scaled, [i], axis=0, hint=f"F{i}") for i in range(n * n)]  # (1, B) each
+    if n == 2:  # adj = [[d, -b], [-c, a]], det = ad - bc
+        det = b.Sub(b.Mul(f[0], f[3], hint="ad"), b.Mul(f[1], f[2], hint="bc"), hint="det")
+        factor = b.Div(shrink, det, hint="det_inv")  # c / det(F)
+        negated = b.Neg(factor, hint="det_inv_neg")
+        return b.Concat(b.Mul(f[3], factor, hint="inverse_00"),
+                        b.Mul(f[1], negated, hint="inverse_01"),
+                        b.Mul(f[2], negated, hint="inverse_10"),
+                        b.Mul(f[0], factor, hint="inverse_11"), axis=0, hint="inverse_t")
+    # n = 3: the cyclic cofactors, C[i, j] = F[i+1, j+1] F[i+2, j+2] - F[i+1, j+2] F[i+2, j+1]
+    (stage,) = cofactor_stages(3)  # first/second: (2 terms, 9 entries); term signs (+1, -1)
+    adj = [b.Sub(b.Mul(f[stage.first[0, e]], f[stage.second[0, e]], hint=f"adj{e}_plus"),
+                 b.Mul(f[stage.first[1, e]], f[stage.second[1, e]], hint=f"adj{e}_minus"),
+                 hint=f"adj{e}") for e in range(9)]
+    # det = sum_j F[0, j] * adj[j, 0], along the first row
+    det = b.Add(b.Add(b.Mul(f[0], adj[0], hint="det0"), b.Mul(f[1], adj[3], hint="det1"),
+                      hint="det01"), b.Mul(f[2], adj[6], hint="det2"), hint="det")
+    return b.Mul(b.Concat(*adj, axis=0, hint="adj"), b.Div(shrink, det, hint="det_inv"),
+                 hint="inverse_t")
+
+
+def _closed_form_blocks(b: Builder, scaled: Value, shrink: Value, n: int,
+                        dtype: np.dtype) -> Value:
+    """n = 4 on blocks of rows: F = c A as (n*n, B) -> inv(A) as (n*n, B)."""
+    batch = b.Shape(scaled, 1, 2, hint="batch")  # [B]
+    adj = scaled
+    for index, stage in enumerate(cofactor_stages(n)):
+        terms, outputs = stage.first.shape
+        products = b.Mul(b.Gather(scaled, stage.first.reshape(-1), axis=0, hint=f"x{index}"),
+                         b.Gather(adj, stage.second.reshape(-1), axis=0, hint=f"y{index}"),
+                         hint=f"products{index}")  # (T * outputs, B)
+        flat = b.Reshape(products, [terms, -1], hint=f"products{index}_2d")
+        summed = b.MatMul(stage.term_signs.reshape(1, terms).astype(dtype), flat,
+                          hint=f"terms{index}_sum")  # (1, outputs * B)
+        adj = b.Reshape(summed, b.Concat(np.asarray([outputs], np.int64), batch, axis=0,
+                                         hint=f"stage{index}_shape"),
+                        hint=f"stage{index}")  # (outputs, B)
+        if stage.entry_signs is not None:
+            adj = b.Mul(adj, stage.entry_signs.reshape(-1, 1).astype(dtype),
+                        hint=f"stage{index}_signed")
+    # det = sum_j F[0, j] * adj[j, 0], along the first row
+    first_row = b.Gather(scaled, list(range(n)), axis=0, hint="F_row0")  # (n, B)
+    first_col = b.Gather(adj, [j * n for j in range(n)], axis=0, hint="adj_col0")
+    det = b.MatMul(np.ones((1, n), dtype), first_row * first_col, hint="det")  # (1, B)
+    return b.Mul(adj, b.Div(shrink, det, hint="det_inv"), hint="inverse_t")
 
 
 # -- Gauss-Jordan elimination ---------------------------------------------------------------

@@ -10,9 +10,10 @@ variant (lower is faster).
 Variants, all timed in one process, interleaved in a random order each round:
 - ``decomposer``: the custom node decomposed by decomposer (batch dims symbolic);
 - ``hand``: the leanest graph of standard ops with the same result that I could write by
-  hand: for n <= 4 the same batch-last adjugate form without the float64 widening, for
-  larger n a batch-last Gauss-Jordan elimination without the pivot-row select;
-  for attention MatMul -> [mask] -> Softmax -> MatMul without the fully-masked-row fix;
+  hand: for n <= 4 the same batch-last adjugate form (rows for n <= 3, blocks of rows for
+  n = 4) without the overflow scaling, for larger n a batch-last Gauss-Jordan elimination
+  without the pivot-row select; for attention MatMul -> [mask] -> Softmax -> MatMul
+  without the fully-masked-row fix;
 - ``contrib``: ONNX Runtime's own ``com.microsoft::Inverse`` kernel (not a standard op,
   shown for scale); ``attention23``: the standard ``Attention`` op of opset 23;
   ``torch_export17``: torch's legacy export of F.scaled_dot_product_attention at opset 17;
@@ -107,30 +108,45 @@ def inverse_custom(n: int, form: str = "Inverse") -> onnx.ModelProto:
 
 
 def _hand_closed_form(g: Graph, a: str, n: int, batch_last: bool = False) -> str:
-    """adj / det without the overflow scaling, batch-last like decomposer's."""
+    """adj / det without the overflow scaling, batch-last like decomposer's: n = 2, 3 on
+    single rows of B values, n = 4 on gathered blocks of rows."""
     from decomposer.patterns.linalg_inv import cofactor_stages
 
     entries = g.op("Transpose", g.op("Reshape", a, g.const([-1, n * n], np.int64)),
                    perm=[1, 0])  # (n*n, B)
-    if n == 2:
-        adj = g.op("Mul", g.op("Gather", entries, g.const([3, 1, 2, 0], np.int64), axis=0),
-                   g.const(np.array([[1], [-1], [-1], [1]], np.float32)))
+    if n <= 3:
+        f = [g.op("Gather", entries, g.const([i], np.int64), axis=0) for i in range(n * n)]
+        if n == 2:
+            det = g.op("Sub", g.op("Mul", f[0], f[3]), g.op("Mul", f[1], f[2]))
+            factor = g.op("Reciprocal", det)
+            negated = g.op("Neg", factor)
+            inverse = g.op("Concat", g.op("Mul", f[3], factor), g.op("Mul", f[1], negated),
+                           g.op("Mul", f[2], negated), g.op("Mul", f[0], factor), axis=0)
+        else:
+            (stage,) = cofactor_stages(3)
+            adj = [g.op("Sub", g.op("Mul", f[stage.first[0, e]], f[stage.second[0, e]]),
+                        g.op("Mul", f[stage.first[1, e]], f[stage.second[1, e]]))
+                   for e in range(9)]
+            det = g.op("Add", g.op("Add", g.op("Mul", f[0], adj[0]), g.op("Mul", f[1], adj[3])),
+                       g.op("Mul", f[2], adj[6]))
+            inverse = g.op("Div", g.op("Concat", *adj, axis=0), det)
     else:
         adj = entries
         for stage in cofactor_stages(n):
             terms, outputs = stage.first.shape
-            products = g.op("Mul", g.op("Gather", entries, g.const(stage.first, np.int64),
-                                        axis=0),
-                            g.op("Gather", adj, g.const(stage.second, np.int64), axis=0))
+            products = g.op("Mul", g.op("Gather", entries,
+                                        g.const(stage.first.reshape(-1), np.int64), axis=0),
+                            g.op("Gather", adj, g.const(stage.second.reshape(-1), np.int64),
+                                 axis=0))  # (T * outputs, B)
             summed = g.op("MatMul", g.const(stage.term_signs.reshape(1, -1), np.float32),
                           g.op("Reshape", products, g.const([terms, -1], np.int64)))
             adj = g.op("Reshape", summed, g.const([outputs, -1], np.int64))
             if stage.entry_signs is not None:
                 adj = g.op("Mul", adj, g.const(stage.entry_signs.reshape(-1, 1), np.float32))
-    row = g.op("Gather", entries, g.const(list(range(n)), np.int64), axis=0)
-    col = g.op("Gather", adj, g.const([j * n for j in range(n)], np.int64), axis=0)
-    det = g.op("MatMul", g.const(np.ones((1, n), np.float32)), g.op("Mul", row, col))
-    inverse = g.op("Div", adj, det)
+        row = g.op("Gather", entries, g.const(list(range(n)), np.int64), axis=0)
+        col = g.op("Gather", adj, g.const([j * n for j in range(n)], np.int64), axis=0)
+        det = g.op("MatMul", g.const(np.ones((1, n), np.float32)), g.op("Mul", row, col))
+        inverse = g.op("Div", adj, det)
     if batch_last:
         return g.op("Reshape", inverse, g.const([n, n, -1], np.int64))
     return g.op("Reshape", g.op("Transpose", inverse, perm=[1, 0]), g.op("Shape", a))

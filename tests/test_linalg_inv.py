@@ -322,15 +322,23 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, module, n
 
 def portability_cases():
     """Inverse (custom.ops) of batched 3x3 matrices that need pivoting, batch dynamic; and
-    the ATen linalg_inv form; oracle: torch.linalg.inv."""
+    the ATen linalg_inv form; n = 2 and 4 (closed forms on rows and on blocks of rows) in
+    the custom.ops form; oracle: torch.linalg.inv."""
     rng = np.random.default_rng(5)
     sets = [needs_pivoting(rng, (2,), 3), needs_pivoting(rng, (4,), 3)]
     native = single_node_model_inverse(sets[0])
-    return [{"id": f"Inverse n=3 batched ({form})", "model": model,
-             "feeds": [{name: a} for a in sets],
-             "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5}
-            for form, model, name in [("custom.ops", native, "input0"),
-                                      ("aten", aten_model("linalg_inv", 3), "A")]]
+    cases = [{"id": f"Inverse n=3 batched ({form})", "model": model,
+              "feeds": [{name: a} for a in sets],
+              "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5}
+             for form, model, name in [("custom.ops", native, "input0"),
+                                       ("aten", aten_model("linalg_inv", 3), "A")]]
+    for n in (2, 4):
+        sets = [needs_pivoting(rng, (2,), n), needs_pivoting(rng, (3,), n)]
+        cases.append({"id": f"Inverse n={n} batched (custom.ops)",
+                      "model": single_node_model_inverse(sets[0]),
+                      "feeds": [{"input0": a} for a in sets],
+                      "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5})
+    return cases
 
 
 def single_node_model_inverse(a: np.ndarray) -> onnx.ModelProto:
