@@ -318,7 +318,8 @@ def _second_inputs(leaves: Sequence[_Leaf], dynamic: Sequence[DynamicDim], seed:
         else:
             flat = example.reshape(-1).numpy()
             repeated = np.resize(flat, shape) if flat.size else np.zeros(shape, flat.dtype)
-            values.append(torch.from_numpy(np.ascontiguousarray(repeated)))
+            # np.array, not np.ascontiguousarray, which turns a 0-d input into 1-d
+            values.append(torch.from_numpy(np.array(repeated, order="C")))
     return values, changes
 
 
