@@ -573,10 +573,18 @@ class Builder:
         values = [self._operand(x, like, "concat_in") for x in xs]
         return self.op("Concat", *values, axis=axis, hint=hint, out=out, dtype=like)
 
-    def Split(self, x: Operand, sizes: Sequence[int], axis: int, *,
+    def Split(self, x: Operand, sizes: Sequence[int] | int, axis: int, *,
               hint: str | None = None) -> list[Value]:
-        """Split into pieces of the given static sizes along ``axis``."""
+        """Split into pieces of the given static sizes along ``axis``; an int ``sizes`` splits
+        into that many equal pieces, with no sizes in the node (for a dynamic axis: every
+        piece's size is then the same expression to shape inference)."""
         value = self._operand(x, None, "split_in")
+        if isinstance(sizes, int):
+            pieces = self.op_multi("Split", [value], sizes, axis=axis, hint=hint or "split",
+                                   dtypes=[value.dtype] * sizes)
+            if self.opset >= 18:  # Split-18 needs num_outputs when no sizes are given
+                self.nodes[-1].attribute.append(helper.make_attribute("num_outputs", sizes))
+            return pieces
         dtypes = [value.dtype] * len(sizes)
         # Split-13 moved `split` from an attribute to an input.
         if self.opset >= 13:

@@ -27,21 +27,23 @@ Semantics are exactly ``torch.nn.functional.grid_sample`` (its CPU kernels):
 
 Before -> after (2-D bilinear, zeros padding; every axis alike, T taps per axis)::
 
-    GridSample(X, grid)  ->  gx, gy = Split(grid)                    # (N, 1, 1, 1, Ho, Wo) each
+    GridSample(X, grid)  ->  gx, gy = Split(grid as (N, P, 2))       # (N, 1, 1, P) each
                              u = unnormalize(g)  (+ padding: clip / reflect + clip)
                              taps = Floor(u) + [0, 1];  w = |[1, 0] - (u - Floor(u))|
-                             index = ty * W + tx;  weight = wy * wx  # (N, 1, 2, 2, Ho, Wo)
-                             G = GatherElements(X as (N, C, H*W), Expand(index over C))
-                             Y = ReduceSum(G as (N, C, 4, Ho, Wo) * weight, axis 2)
+                             index = ty * W + tx;  weight = wy * wx  # (N, 2, 2, P)
+                             G = GatherElements(X as (N, C, H*W), Tile(index over C))
+                             Y = ReduceSum(G as (N, C, 4, P) * weight, axis 2)
+                                 as (N, C, Ho, Wo)
 
-Everything before the GatherElements is point-sized (N x Ho x Wo x taps), not channel-sized,
-and broadcasts only over whole (Do,) Ho, Wo planes. Nearest gathers one tap; bicubic 4x4
-taps with its cubic weights as polynomials in the fraction. Out-of-range taps under zeros
+(P = Ho*Wo, the output positions flattened.) Everything before the GatherElements is
+point-sized (N x P x taps), not channel-sized, and broadcasts only over whole rows of P.
+Nearest gathers one tap; bicubic 4x4 taps with its cubic weights as polynomials in the
+fraction. Out-of-range taps under zeros
 padding are either clipped onto a zero border padded around X (static C below
 MIN_CHUNKED_CHANNELS: fewer point-sized ops) or masked (index 0, weight 0; nearest: Where on
 the result). Zeros padding of NaN keeps torch's NaN/0 (see above) both ways.
 Where it pays on ONNX Runtime (measured, see scripts/bench_grid_sample.py): a static C of 8+
-is gathered in channel chunks (Split, one GatherElements + weighted sum each, Concat) so
+is gathered in channel chunks (Slices, one GatherElements + weighted sum each, Concat) so
 each chunk's taps stay in cache and the index is expanded once per chunk size; otherwise
 16+ taps (bicubic) are gathered one row of taps at a time and summed.
 
@@ -54,7 +56,12 @@ image; a static size beyond that gets int64). Memory: the gathered taps and thei
 take T x one chunk's output (T = 4 bilinear, 8 trilinear, 4 per bicubic row).
 The output runs on ONNX Runtime, OpenVINO and TVM Relax, static or dynamic shapes: no
 Slice step -1, no Conv, no contrib ops, and a Shape's output is only sliced, gathered or
-cast before any arithmetic (TVM's importer cannot add to a Shape's output itself).
+cast before any arithmetic (TVM's importer cannot add to a Shape's output itself). It also
+converts with onnx2torch (Clip bounds are constants: the run-time upper bound is a Min) and
+with onnx2tf to LiteRT on both backends, even without onnxsim, given a static C: every shape
+but the output's follows from the inputs' by ONNX shape inference (constant Reshape targets,
+a constant Tile), tensors are rank k + 2 at most, constants broadcast from the right
+without leading 1s, and no Split carries Constant-node sizes (Flex SplitV).
 """
 
 from __future__ import annotations
@@ -304,22 +311,28 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
     if facts.grid_type != facts.compute_type:
         grid = b.Cast(grid, dtype, hint="grid_compute")
 
-    x_shape = b.Shape(x, hint="x_shape")  # (N, C, (D,) H, W)
-    batch = b.Slice(x_shape, [0], [1], [0], hint="batch")
-    sizes_i = b.Slice(x_shape, [2], [2 + k], [0], hint="in_sizes")  # (k,) int64
+    sizes_i = b.Shape(x, 2, 2 + k, hint="in_sizes")  # (k,) int64
     sizes_f = b.Cast(sizes_i, dtype, hint="in_sizes_f")
     out_sizes = b.Shape(grid, 1, 1 + k, hint="out_sizes")  # (k,): (Do,) Ho, Wo
-    # Point tensors are (N, 1, taps_0, ..., taps_{k-1}, *out_sizes): one tap axis per input
-    # axis (size 1 until that axis adds its taps), then the output positions. Every
-    # broadcast between them is over whole (Do,) Ho, Wo planes, which ONNX Runtime does at
-    # full speed (a small innermost axis, like the grid's own x/y axis, is 5-10x slower).
-    point_shape = b.Concat(batch, b.ints([1] * (1 + k)), out_sizes, axis=0, hint="point_shape")
-    components = b.Split(grid, [1] * k, axis=-1, hint="grid_xyz") if k > 1 else [grid]
+    # Point tensors are (N, taps_0, ..., taps_{k-1}, P), P = the output positions
+    # flattened: one tap axis per input axis (size 1 until that axis adds its taps). Every
+    # broadcast between them is over whole rows of P, which ONNX Runtime does at full speed
+    # (a small innermost axis, like the grid's own x/y axis, is 5-10x slower). Every shape
+    # up to the output's is a constant or follows from the inputs' by ONNX shape inference
+    # (rank k + 2 at most), so converters that need static shapes (onnx2tf; LiteRT's ranks)
+    # get them; only the output is reshaped to (N, C, *out_sizes) at run time.
+    # The grid's components come from one equal Split of (N, P, k): a Split with
+    # Constant-node sizes becomes Flex SplitV in onnx2tf's tf_converter (LiteRT's builtin
+    # interpreter cannot run it), pieces sliced off a dynamic last dim get sizes TVM's
+    # importer cannot prove equal (it then cannot broadcast them against each other), and
+    # a Gather along the last axis is 4x slower on ONNX Runtime.
+    points = b.Reshape(grid, [0, -1, k], hint="grid_points")  # (N, P, k)
+    components = b.Split(points, k, axis=2, hint="grid_xyz")  # (N, P, 1) each
 
     axes = []
     for position in range(k):
         component = components[k - 1 - position]  # grid[..., 0] is x, which indexes W (last)
-        g = b.Reshape(component, point_shape, hint=f"g{position}")
+        g = b.Reshape(component, [0] + [1] * k + [-1], hint=f"g{position}")  # (N, 1.., P)
         size = b.Gather(sizes_f, position, axis=0, hint=f"n{position}")
         axes.append(_axis(b, g, size, position, k, facts, dtype))
 
@@ -349,10 +362,9 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
     if grouped:
         first_weights = axes[0].weights
         assert first_weights is not None
-        firsts = list(zip(b.Split(index_terms[0], [1] * taps_per_axis, axis=2,
-                                  hint="tap_groups"),
-                          b.Split(first_weights, [1] * taps_per_axis, axis=2,
-                                  hint="weight_groups"), strict=True))
+        firsts = list(zip(b.Split(index_terms[0], taps_per_axis, axis=1, hint="tap_groups"),
+                          b.Split(first_weights, taps_per_axis, axis=1, hint="weight_groups"),
+                          strict=True))
     group_taps = taps_per_axis ** (k - 1) if grouped else taps_per_axis ** k
 
     valid = None
@@ -360,11 +372,7 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         if axis.valid is not None:
             valid = axis.valid if valid is None else b.And(valid, axis.valid)
     if valid is not None:
-        valid = b.Reshape(valid, b.Concat(b.ints([0, 1]), out_sizes, axis=0),
-                          hint="valid")  # (N, 1, *out_sizes)
-    result_shape = b.Concat(b.ints([0, 0] + ([group_taps] if group_taps > 1 else [])),
-                            out_sizes, axis=0, hint="tap_shape")
-    weight_shape = b.Concat(b.ints([0, 1, group_taps]), out_sizes, axis=0, hint="weight_shape")
+        valid = b.Reshape(valid, [0, 1, -1], hint="valid")  # (N, 1, P)
 
     groups: list[tuple[Value, Value | None]] = []  # (index (N, 1, T*P), weights or None)
     for first_index, first_weight in firsts:
@@ -381,45 +389,51 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
                 weights = first * rest[0]
             else:  # ... and (w_x * w_y) * w_z
                 weights = (rest[1] * rest[0]) * first
-            weights = b.Reshape(weights, weight_shape, hint="weights")  # (N, 1, T, *out)
+            weights = b.Reshape(weights, [0, 1, group_taps, -1], hint="weights")  # (N,1,T,P)
         groups.append((b.Reshape(index, [0, 1, -1], hint="index_flat"), weights))
 
     # Gather channel chunks, so that each chunk's taps stay in cache from GatherElements to
     # the weighted sum, and the index is expanded once, to one chunk's channels.
     x_flat = b.Reshape(x, [0, 0, -1], hint="x_flat")  # (N, C, S)
-    pieces = b.Split(x_flat, chunks, axis=1, hint="x_chunks") if len(chunks) > 1 else [x_flat]
+    pieces = _split(b, x_flat, chunks, 1, "x_chunks") if len(chunks) > 1 else [x_flat]
     cast = facts.compute_type != facts.x_type
     results = []
-    for piece in pieces:
-        # The last op of a single chunk writes the output itself (no copy).
-        last = out if len(pieces) == 1 else None
-        # The chunk's channel count is read from its shape even when static: TVM's importer
-        # fails on a constant Expand shape against symbolic dims.
-        expand_shape = b.Concat(b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0,
-                                hint="expand_shape")
+    for number, piece in enumerate(pieces):
+        # The index is repeated over the chunk's channels (N, 1, T*P) -> (N, c, T*P): a
+        # static count by a constant Tile (static shapes for onnx2tf; TVM's importer fails on
+        # a constant Expand shape against symbolic dims), a dynamic one by an Expand to the
+        # count read from the chunk's shape.
+        expand_shape = None if chunks else b.Concat(
+            b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0, hint="expand_shape")
         parts = []
-        for number, (group_index, group_weights) in enumerate(groups):
-            final = last if number == len(groups) - 1 and valid is None and not cast else None
-            expanded = b.Expand(group_index, expand_shape, hint="index")  # (N, c, T*P)
-            gathered = b.Reshape(b.GatherElements(piece, expanded, axis=2, hint="taps"),
-                                 result_shape, hint="sampled",
-                                 out=final if group_weights is None else None)
-            if group_weights is not None:
+        for group_index, group_weights in groups:
+            if expand_shape is None:
+                expanded = b.Tile(group_index, [1, chunks[number], 1], hint="index")
+            else:
+                expanded = b.Expand(group_index, expand_shape, hint="index")
+            gathered = b.GatherElements(piece, expanded, axis=2, hint="taps")
+            if group_weights is not None:  # (N, c, T, P) weighted, summed over T
+                gathered = b.Reshape(gathered, [0, 0, group_taps, -1], hint="taps_by_tap")
                 gathered = b.ReduceSum(gathered * group_weights, [2], keepdims=False,
-                                       hint="sampled", out=final if len(groups) == 1 else None)
-            parts.append(gathered)
+                                       hint="sampled")
+            parts.append(gathered)  # (N, c, P)
         sampled = parts[0]
-        for number, part in enumerate(parts[1:], start=2):
-            final = last if number == len(parts) and valid is None and not cast else None
-            sampled = b.Add(sampled, part, hint="sampled_sum", out=final)
+        for part in parts[1:]:
+            sampled = b.Add(sampled, part, hint="sampled_sum")
         if valid is not None:
-            sampled = b.Where(valid, sampled, np.asarray(0, dtype), hint="sampled_zeros",
-                              out=None if cast else last)
+            sampled = b.Where(valid, sampled, np.asarray(0, dtype), hint="sampled_zeros")
         if cast:
-            sampled = b.Cast(sampled, facts.x_type, hint="sampled_cast", out=last)
+            sampled = b.Cast(sampled, facts.x_type, hint="sampled_cast")
         results.append(sampled)
-    if len(pieces) > 1:
-        b.Concat(*results, axis=1, hint="sampled_all", out=out)
+    # (N, c, P) -> (N, c, *out_sizes): the only run-time shapes. ONNX Runtime copies a
+    # Reshape that writes a graph output, so chunks are reshaped before their Concat (free).
+    if len(results) == 1:
+        b.Reshape(results[0], b.Concat(b.Shape(x, 0, 2), out_sizes, axis=0, hint="out_shape"),
+                  hint="sampled", out=out)
+    else:
+        b.Concat(*[b.Reshape(r, b.Concat(b.Shape(r, 0, 2), out_sizes, axis=0,
+                                         hint="chunk_shape"), hint="sampled_chunk")
+                   for r in results], axis=1, hint="sampled_all", out=out)
 
 
 def channel_chunks(channels: int | None) -> list[int]:
@@ -454,9 +468,10 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
     padded_top = n + np.asarray(PAD_BEFORE, dtype)  # the last zero before PAD_AFTER's 2nd
 
     def tap_constant(values: Any) -> np.ndarray:
-        shape = [1] * (2 + 2 * k)
-        shape[2 + position] = len(values)
-        return np.asarray(values, dtype).reshape(shape)
+        # (taps, 1, ..., 1): broadcast from the right onto this axis' tap axis of the point
+        # tensors (N, taps_0, ..., taps_{k-1}, P). No leading 1s: onnx2tf's tf_converter
+        # moves axis 1 of a rank-3-5 constant last, which leaves this shape as it is.
+        return np.asarray(values, dtype).reshape([len(values)] + [1] * (k - position))
 
     padded_linear = padded and facts.mode == "bilinear"
     # torch's unnormalization, in its operation order (nearest ties depend on it); padded
@@ -578,12 +593,24 @@ def _reflect(b: Builder, u: Value, n: Value, top: Value, align_corners: bool,
     return folded if align_corners else folded - np.asarray(0.5, dtype)
 
 
-def _clamp(b: Builder, x: Value, low: Any, high: Any, hint: str | None = None) -> Value:
-    """Clip(x, low, high). ONNX Runtime has no float64 Clip kernel before opset 12, so
-    float64 there is spelled Min(Max(x, low), high) (the same values, NaN aside)."""
-    if x.dtype == np.float64 and b.opset < 12:
-        return b.Min(b.Max(x, low), high, hint=hint)
-    return b.Clip(x, low, high, hint=hint)
+def _clamp(b: Builder, x: Value, low: Any, high: Value, hint: str | None = None) -> Value:
+    """x clipped to [low (a constant), high (a run-time value)].
+
+    Spelled Min(Clip(x, low), high): onnx2torch converts Clip only with constant bounds.
+    Engines' Min and Clip may differ on NaN, so every caller clamps a NaN-free x (after
+    _finite), or only compares the result with x by Equal, which is False for a NaN x
+    whatever the clamp gives.
+    """
+    return b.Min(b.Clip(x, low), high, hint=hint)
+
+
+def _split(b: Builder, x: Value, sizes: list[int], axis: int, hint: str) -> list[Value]:
+    """Split(x, sizes, axis) spelled as one Slice per piece (as fast on ONNX Runtime): onnx2tf's
+    tf_converter lowers a Split whose sizes are a Constant node to Flex SplitV, which LiteRT's
+    builtin interpreter cannot run."""
+    starts = np.cumsum([0, *sizes[:-1]]).tolist()
+    return [b.Slice(x, [start], [start + size], [axis], hint=f"{hint}{number}")
+            for number, (start, size) in enumerate(zip(starts, sizes, strict=True))]
 
 
 def _finite(b: Builder, u: Value, replacement: Any) -> Value:
