@@ -147,6 +147,14 @@ def converter_version(python: str | None, name: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def converter_environment(python: str) -> dict[str, str]:
+    """The environment of an activated virtualenv for ``python``: its bin folder first on
+    PATH, since onnx2tf runs the ``onnxsim`` command it installs there."""
+    bin_folder = os.path.dirname(os.path.abspath(python))
+    return {**os.environ, "PATH": bin_folder + os.pathsep + os.environ.get("PATH", ""),
+            "TF_CPP_MIN_LOG_LEVEL": "3", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run_converter(python: str, kind: str, model: onnx.ModelProto,
                   feed_sets: Sequence[dict[str, np.ndarray]], timeout: float
                   ) -> list[list[np.ndarray]]:
@@ -163,9 +171,7 @@ def run_converter(python: str, kind: str, model: onnx.ModelProto,
         try:
             done = subprocess.run([python, str(work / "worker.py"), kind, str(work),
                                    str(len(feed_sets))], capture_output=True, text=True,
-                                  timeout=timeout, env={**os.environ,
-                                                        "TF_CPP_MIN_LOG_LEVEL": "3",
-                                                        "CUDA_VISIBLE_DEVICES": ""})
+                                  timeout=timeout, env=converter_environment(python))
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"timed out after {timeout:.0f} s") from None
         error = work / "error.txt"
