@@ -292,6 +292,10 @@ class _Axis(NamedTuple):
     taps: Value  # float tap coordinates, in range for the (maybe padded) input
     weights: Value | None  # per-tap weights, or None (nearest)
     valid: Value | None  # bool mask (nearest + zeros on an unpadded input), else None
+    # Tap offsets added in the flat integer index instead (padded bilinear): ``taps`` is
+    # then the lowest tap only, point-sized (N, 1, ..., 1, P), and the index is
+    # ``sum(Cast(taps) * stride) + sum(offsets * stride)`` (a tiny tap-sized tensor).
+    offsets: tuple[int, ...] | None = None
 
 
 # Zeros padding with a padded input: one zero pixel before and two after every spatial axis,
@@ -354,10 +358,24 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         after = strides[position + 1]
         strides[position] = size_i if after is None else after * size_i
     index_terms = []
+    offset_terms = []
     for axis in axes:
         term = b.Cast(axis.taps, index_type, hint=f"tap{axis.position}_index")
         stride = strides[axis.position]
         index_terms.append(term if stride is None else term * stride)
+        if axis.offsets is not None:  # (taps, 1, ..., 1) as tap_constant lays it out
+            offset = np.asarray(axis.offsets, index_type).reshape(
+                [len(axis.offsets)] + [1] * (k - axis.position))
+            offset_terms.append(offset if stride is None else b.Mul(stride, offset))
+    if offset_terms:  # the base index (point-sized) once, then every tap by one Add
+        assert len(offset_terms) == k and not grouped
+        base = index_terms[0]
+        for term in index_terms[1:]:
+            base = base + term
+        offsets_all = offset_terms[0]
+        for term in offset_terms[1:]:
+            offsets_all = b.Add(term, offsets_all)
+        index_terms = [b.Add(base, offsets_all, hint="index_taps")]
     firsts: list[tuple[Value | None, Value | None]] = [(None, None)]
     if grouped:
         first_weights = axes[0].weights
@@ -536,9 +554,10 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         fraction = clipped - floor
         if k == 2:
             fraction = fraction + (shifted - shifted)  # NaN (and inf) -> NaN, else + 0
-        taps = floor + tap_constant([0, 1])  # the upper tap may be n + 2: the 2nd zero
+        # Taps floor + [0, 1] (the upper one may be n + 2: the 2nd zero), offset in the
+        # integer index.
         weights = b.Abs(b.Sub(tap_constant([1, 0]), fraction), hint=f"w{position}")
-        return _Axis(position, taps, weights, None)
+        return _Axis(position, floor, weights, None, (0, 1))
     floor = b.Floor(u, hint=f"floor{position}")
     taps = floor + tap_constant([0, 1])
     weights = b.Abs(b.Sub(tap_constant([1, 0]), u - floor), hint=f"w{position}")  # 1-f, f
