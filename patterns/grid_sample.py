@@ -358,7 +358,7 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         after = strides[position + 1]
         strides[position] = size_i if after is None else after * size_i
     index_terms = []
-    offset_terms = []
+    offset_terms: list[Value | np.ndarray] = []
     for axis in axes:
         term = b.Cast(axis.taps, index_type, hint=f"tap{axis.position}_index")
         stride = strides[axis.position]
@@ -372,9 +372,9 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         base = index_terms[0]
         for term in index_terms[1:]:
             base = base + term
-        offsets_all = offset_terms[0]
-        for term in offset_terms[1:]:
-            offsets_all = b.Add(term, offsets_all)
+        offsets_all: Value | np.ndarray = offset_terms[0]
+        for offset_term in offset_terms[1:]:
+            offsets_all = b.Add(offset_term, offsets_all)
         index_terms = [b.Add(base, offsets_all, hint="index_taps")]
     firsts: list[tuple[Value | None, Value | None]] = [(None, None)]
     if grouped:
