@@ -232,12 +232,16 @@ def _prepare_openvino(model: onnx.ModelProto, data: bytes, feeds: Mapping[str, n
     names = _check_feeds(model, feeds)
     core = ov.Core()
     ov_model = core.read_model(data)
+    # Ports are found by any of their names: where OpenVINO drops a no-op right after an
+    # input (a Slice of all of it, with static shapes), the input port takes that op's
+    # output name as its "any" name, and an input looked up by get_any_name() was left
+    # unfed (garbage results, no error).
     if static_shapes:
-        ov_model.reshape({port.get_any_name(): ov.PartialShape(list(feeds[name].shape))
+        ov_model.reshape({port: ov.PartialShape(list(feeds[name].shape))
                           for port in ov_model.inputs
-                          if (name := port.get_any_name()) in feeds})
+                          for name in port.get_names() & set(feeds)})
     compiled = core.compile_model(ov_model, "CPU", OPENVINO_CONFIG)
-    by_name = {port.get_any_name(): port for port in compiled.inputs}
+    by_name = {name: port for port in compiled.inputs for name in port.get_names()}
     # OpenVINO may reorder outputs; find each graph output by name (index as a fallback).
     ports = [next((p for p in compiled.outputs if name in p.get_names()), compiled.outputs[i])
              for i, name in enumerate(_output_names(model))]

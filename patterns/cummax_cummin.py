@@ -14,31 +14,36 @@ index, and ``values == x[indices]`` bit for bit (signed zeros and NaN payloads i
 Indices are int64. Equivalently the index at i is the lexicographic arg-max over j <= i of
 (is NaN, value, j) (cummin: arg-min of the value, same NaN and tie rules).
 
-Before -> after: three doubling scans (Hillis-Steele: steps s = 1, 2, 4, ... < n), each
-step one Pad that shifts by s (s fill elements in front, a negative pad of s at the end)
-and one elementwise Max (Min for cummin); a dynamic length shifts with Slice + Concat::
+Before -> after: doubling scans (Hillis-Steele: steps s = 1, 2, 4, ... < n), each step
+one shift by s and one elementwise Max (Min for cummin); a static length shifts with one Pad
+(s fill elements in front, a negative pad of s at the end), a dynamic one with Slice +
+Concat + Slice (see ``_Shifter.shifted``)::
 
     key = x in an exact key type (float32/64 and int64 as is, float16, bfloat16 and
-          small ints -> float32, int32 -> float64), NaN -> -inf (cummin: +inf)
-    running     = scan_max(key)                                   # the running extreme
-    last_record = scan_max(key == running ? position : -1)        # ties: the later wins
-    last_nan    = scan_max(IsNaN(x) ? position : -1)              # float inputs only
-    indices = Cast(last_nan >= 0 ? last_nan : last_record, int64)
-    values  = GatherElements(x, indices)                          # bit-exact
+          small ints -> float32, int32 as is from opset 12, -> float64 below), NaN -> -inf
+          (cummin: +inf)
+    running = scan_max(key)                                       # the running extreme
+    integer inputs: indices = scan_max(key == running ? position : -1)   # ties: the later
+    float inputs, one scan for the last NaN or else the last record:
+        code    = IsNaN(x) ? position : key == running ? position - n : -n
+        last    = scan_max(code)               # any NaN (code >= 0) beats every record
+        indices = last >= 0 ? last : last + n
+    values  = GatherElements(x, Cast(indices, int64))             # bit-exact
 
-That is 4 nodes per step (6 for floats) and O(n log n) work, never an (n x n) table: the
-(n x n) mask-and-reduce form (``scripts/bench_aten.py``, variant ``mask``) is slower from
-n = 4 on and O(n^2) in memory; carrying (value, index) pairs through one scan with
-Greater + Where is slower too (variant ``pair_scan``). Positions scan as float32 (float64
-past 2**24). int64 keys are compared with Greater/Less + Where (no int64 Max/Min kernel
-below opset 12).
+That is 2 scans (2 nodes per static step, 5 per dynamic one) and O(n log n) work, never
+an (n x n) table: the (n x n) mask-and-reduce form (``scripts/bench_aten.py``, variant
+``mask``) is slower from n = 4 on and O(n^2) in memory; carrying (value, index) pairs
+through one scan with Greater + Where is slower too (variant ``pair_scan``). Positions scan
+as float32 while exact (a static length below 2**24), else as int32 (float64 below opset
+12, where Max has no int32 kernel): LiteRT has no float64 CumSum or Max. int64 keys are
+compared with Greater/Less + Where (no int64 Max/Min kernel below opset 12).
 
 Envelope: opsets 11+, the dtypes torch's cummax takes (bool, uint8, int8, int16, int32,
 int64, float16, bfloat16, float32, float64), any rank >= 0 (known), any dim, every dim
 dynamic. A static length n along ``dim`` gives ceil(log2 n) steps; a dynamic one gets the
-31 steps of the longest supported length, 2**31 (about 160 nodes for floats, most of them
-no-ops at run time for short inputs: 4x slower than a static length at n = 16, on par at
-n = 256), each shift Slices + a Concat instead of one Pad (a shift may pass the end).
+31 steps of the longest supported length, 2**31 (about 340 nodes for floats, most of them
+no-ops at run time for short inputs), each shift a Slice, a Concat, a Slice and a Reshape
+instead of one Pad (a shift may pass the end).
 Empty tensors give empty outputs, as in torch. ``dim`` must be a constant.
 """
 
@@ -60,6 +65,7 @@ _FLOATS = {TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorP
 # exactly, and Pad, Max/Min and Equal have ONNX Runtime kernels for it at every opset
 # (int64 has no Max/Min kernel below opset 12: it is compared with Greater/Less + Where;
 # float16 has few kernels, ONNX Runtime would insert float32 casts around each op anyway).
+# int32 is scanned as int32 from opset 12 on (Max/Min kernels; LiteRT has no float64 ones).
 _KEY_TYPE: dict[int, Any] = {
     TensorProto.FLOAT16: np.float32, TensorProto.BFLOAT16: np.float32,
     TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64,
@@ -135,62 +141,63 @@ class _CumExtreme(Pattern):
             if indices_out:
                 b.ConstantOfShape(b.Shape(x), 0, np.int64, hint="indices", out=indices_out)
             return
-        axis, n = facts.axis, facts.length
-        key_type = _KEY_TYPE[facts.elem_type]
-        key = x if key_type == x.dtype else b.Cast(x, key_type, hint="key")
-        beyond = _beyond(key_type, self.largest)  # beats nothing: the fill of every shift
-        # Positions are exact in float32 below 2**24.
-        position_type = np.float32 if n is not None and n < 2**24 else np.float64
-        positions = _positions(b, x, facts, position_type)
-        no_position = position_type(-1)
-        is_nan = None
-        if facts.elem_type in _FLOATS:
-            # NaN takes over whenever it appears: scan where the last NaN was, and keep NaNs
-            # out of the running extreme (a NaN key becomes the fill, which beats nothing).
-            is_nan = b.IsNaN(x, hint="is_nan")
-            key = b.Where(is_nan, beyond, key, hint="key_without_nan")
-            last_nan = self._scan(b, b.Where(is_nan, positions, no_position, hint="nan_at"),
-                                  facts, True, no_position, "last_nan", positions)
-        running = self._scan(b, key, facts, self.largest, beyond, "running", positions)
-        # A record is where the running extreme equals the element (ties included: the later
-        # one wins); the index at i is the last record at or before i.
-        record = b.Where(b.Equal(key, running, hint="is_record"), positions, no_position,
-                         hint="record_at")
-        last_record = self._scan(b, record, facts, True, no_position, "last_record",
-                                 positions)
-        index = last_record
-        if is_nan is not None:
-            index = b.Where(b.Less(last_nan, position_type(0), hint="no_nan_yet"),
-                            last_record, last_nan, hint="index_float")
-        index = b.Cast(index, np.int64, hint="indices", out=indices_out or None)
+        index = self._index(b, x, facts, indices_out or None)
         if values_out:
             # Gathered, not scanned: bit-exact (ONNX Runtime's Where would turn a -0.0 taken
             # from its then-branch into +0.0).
-            b.GatherElements(x, index, axis, hint="values", out=values_out)
+            b.GatherElements(x, index, facts.axis, hint="values", out=values_out)
 
-    @staticmethod
-    def _scan(b: Builder, t: Value, facts: CumFacts, largest: bool, fill: Any, hint: str,
-              positions: Value) -> Value:
-        """Inclusive running max (or min) of t along the axis: doubling steps, each one
-        shift by s (see ``_shifted``) and one elementwise Max/Min."""
-        fills: dict[Any, Value] = {}
-        for shift in _doublings(facts.length):
-            if t.dtype == np.int64:
-                # No int64 Max/Min kernel below opset 12: Greater/Less + Where. The shifted-in
-                # elements are masked out rather than filled with INT64_MIN/MAX, which
-                # OpenVINO 2026.4 wraps to int32 in Pad (measured: wrong results).
-                earlier = _shifted(b, t, shift, facts, np.int64(0), f"{hint}_earlier{shift}",
-                                   fills)
-                beats = (b.Greater(earlier, t, hint=f"{hint}_beats{shift}") if largest
-                         else b.Less(earlier, t, hint=f"{hint}_beats{shift}"))
-                beats = b.And(beats, b.Greater(positions, shift - 0.5,
-                                               hint=f"{hint}_has_earlier{shift}"),
-                              hint=f"{hint}_takes{shift}")
-                t = b.Where(beats, earlier, t, hint=f"{hint}{shift}")
-                continue
-            earlier = _shifted(b, t, shift, facts, fill, f"{hint}_earlier{shift}", fills)
-            t = (b.Max if largest else b.Min)(t, earlier, hint=f"{hint}{shift}")
-        return t
+    def _index(self, b: Builder, x: Value, facts: CumFacts, out: str | None) -> Value:
+        """The int64 indices: the last record (or, for floats, the last NaN) at or before
+        each position."""
+        n = facts.length
+        key_type = _KEY_TYPE[facts.elem_type]
+        if facts.elem_type == TensorProto.INT32 and b.opset >= 12:
+            key_type = np.int32
+        key = x if key_type == x.dtype else b.Cast(x, key_type, hint="key")
+        beyond = _beyond(key_type, self.largest)  # beats nothing: the fill of every shift
+        position_type = _position_type(n, b.opset)
+        positions = _positions(b, x, facts, position_type)
+        shifter = _Shifter(b, x, facts)
+        if facts.elem_type not in _FLOATS:
+            running = shifter.scan(key, self.largest, beyond, "running", positions)
+            # A record is where the running extreme equals the element (ties included: the
+            # later one wins); the index at i is the last record at or before i.
+            record = b.Where(b.Equal(key, running, hint="is_record"), positions,
+                             position_type(-1), hint="record_at")
+            index = shifter.scan(record, True, position_type(-1), "last_record", positions)
+            return b.Cast(index, np.int64, hint="indices", out=out)
+        # NaN takes over whenever it appears, so NaNs stay out of the running extreme (a NaN
+        # key becomes the fill, which beats nothing) and one scan finds the last NaN or, if
+        # there is none yet, the last record: it keeps the largest code, position - n for a
+        # record (negative), the position itself for a NaN (never negative). Neither is
+        # -n, position 0's code as a record, which changes nothing (position 0 is a record
+        # or a NaN) and keeps the index in range should an engine miss every record (TVM
+        # 0.27 with dynamic rank-3 shapes computes Max(-inf, -inf) as -FLT_MAX).
+        is_nan = b.IsNaN(x, hint="is_nan")
+        key = b.Where(is_nan, beyond, key, hint="key_without_nan")
+        running = shifter.scan(key, self.largest, beyond, "running", positions)
+        length: Any
+        lowest: Any
+        if n is None:
+            # Cast: TVM's importer does no arithmetic on a Shape's output as such.
+            length = b.Cast(b.Shape(x, facts.axis, facts.axis + 1, hint="length"),
+                            position_type, hint="length_cast")
+            lowest = b.Neg(length, hint="lowest_code")
+        else:
+            length, lowest = position_type(n), position_type(-n)
+        if n is not None and n <= _MAX_CONSTANT_POSITIONS:
+            from_end = b.const(np.arange(-n, 0, dtype=position_type).reshape(
+                [n if a == facts.axis else 1 for a in range(facts.rank)]), hint="from_end")
+        else:
+            from_end = b.Sub(positions, length, hint="from_end")
+        code = b.Where(b.Equal(key, running, hint="is_record"), from_end, lowest,
+                       hint="record_code")
+        code = b.Where(is_nan, positions, code, hint="code")
+        last = shifter.scan(code, True, lowest, "last", positions)
+        index = b.Where(b.Less(last, position_type(0), hint="is_record_code"),
+                        b.Add(last, length, hint="record_at"), last, hint="index")
+        return b.Cast(index, np.int64, hint="indices", out=out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: CumFacts
                      ) -> list[OutputType]:
@@ -213,37 +220,80 @@ def _beyond(key_type: Any, largest: bool) -> Any:
 def _doublings(n: int | None) -> list[int]:
     """1, 2, 4, ... below n: the shifts of a doubling (Hillis-Steele) scan of length n. A
     dynamic length gets the shifts of the longest one supported; the shifts past the actual
-    length only move fill values in, which change nothing."""
+    length change nothing."""
     longest = 2**DYNAMIC_SCAN_BITS if n is None else n
     return [1 << k for k in range(max(longest - 1, 0).bit_length())]
 
 
-def _shifted(b: Builder, t: Value, shift: int, facts: CumFacts, fill: Any, hint: str,
-             fills: dict[Any, Value]) -> Value:
-    """t moved ``shift`` places later along the axis, ``fill`` shifted in.
+class _Shifter:
+    """Doubling (Hillis-Steele) scans along the axis, sharing what their shifts need."""
 
-    A static length (shift < n) is one Pad: ``shift`` in front, ``-shift`` (a negative pad)
-    at the end. A dynamic length may be shorter than the shift: a negative pad larger than
-    the dim crashes OpenVINO 2026.4 (memory corruption, measured), a positive one as large
-    as 2**30 would allocate that much, and TVM cannot Pad by a run-time amount. There it is
-    Concat(fill[:shift], t[:-shift]), static Slice bounds that clamp to the length, with the
-    fill a tensor of x's shape made once per fill value (``fills``), then a Reshape to t's
-    shape (free on ONNX Runtime)."""
-    rank, axis = facts.rank, facts.axis
-    if facts.length is not None:
-        pads = [0] * (2 * rank)
-        pads[axis], pads[rank + axis] = shift, -shift
-        return b.Pad(t, pads, fill, hint=hint)
-    if "shape" not in fills:
-        fills["shape"] = b.Shape(t, hint=f"{hint}_shape")
-    key = (np.dtype(type(fill)).str, float(fill))
-    if key not in fills:
-        fills[key] = b.ConstantOfShape(fills["shape"], fill, type(fill), hint=f"{hint}_fill")
-    front = b.Slice(fills[key], [0], [shift], [axis], hint=f"{hint}_front")
-    kept = b.Slice(t, [0], [-shift], [axis], hint=f"{hint}_kept")
-    joined = b.Concat(front, kept, axis=axis, hint=f"{hint}_joined")
-    # Same shape as t, said explicitly: TVM cannot prove min(s, n) + max(n - s, 0) == n.
-    return b.Reshape(joined, fills["shape"], hint=hint)
+    def __init__(self, b: Builder, x: Value, facts: CumFacts) -> None:
+        self.b, self.x, self.facts = b, x, facts
+        self.shifts = _doublings(facts.length)
+        self._length: Value | None = None
+        self._shape: Value | None = None
+
+    def scan(self, t: Value, largest: bool, fill: Any, hint: str, positions: Value) -> Value:
+        """Inclusive running max (or min) of t along the axis: per step s one shift by s
+        and one elementwise Max/Min."""
+        b = self.b
+        for shift in self.shifts:
+            if t.dtype == np.int64:
+                # No int64 Max/Min kernel below opset 12: Greater/Less + Where. A static
+                # length's shifted-in elements are masked out rather than filled with
+                # INT64_MIN/MAX, which OpenVINO 2026.4 wraps to int32 in Pad (measured:
+                # wrong results); a dynamic length shifts in no fill (see ``shifted``).
+                earlier = self.shifted(t, shift, np.int64(0), f"{hint}_earlier{shift}")
+                beats = (b.Greater(earlier, t, hint=f"{hint}_beats{shift}") if largest
+                         else b.Less(earlier, t, hint=f"{hint}_beats{shift}"))
+                if self.facts.length is not None:
+                    assert positions.dtype is not None
+                    beats = b.And(beats, b.Greater(positions, positions.dtype.type(shift - 1),
+                                                   hint=f"{hint}_has_earlier{shift}"),
+                                  hint=f"{hint}_takes{shift}")
+                t = b.Where(beats, earlier, t, hint=f"{hint}{shift}")
+            else:
+                earlier = self.shifted(t, shift, fill, f"{hint}_earlier{shift}")
+                t = (b.Max if largest else b.Min)(t, earlier, hint=f"{hint}{shift}")
+        return t
+
+    def shifted(self, t: Value, shift: int, fill: Any, hint: str) -> Value:
+        """t moved ``shift`` places later along the axis.
+
+        A static length (shift < n) is one Pad: ``shift`` fill elements in front, a negative
+        pad of ``shift`` at the end. A dynamic length may be shorter than the shift, and a
+        Pad cannot follow it: a negative pad larger than the dim crashes OpenVINO 2026.4
+        (memory corruption, measured), a positive one as large as 2**30 would allocate that
+        much, and TVM cannot Pad by a run-time amount. There the scans' idempotence helps
+        (Max/Min of an element with itself changes nothing): position i may take any element
+        j in [i - shift, i], so the shift is ``Concat(t[:shift], t)[:n]``, t's own first
+        elements standing in for the fill. No Slice there can come out empty: onnx2tf's
+        ``tf_converter`` reads a Slice end that comes to 0 as "to the end" (the former
+        ``Concat(fill[:shift], t[:-shift])`` came out twice as long once shift >= n). The
+        end n is run-time, so a Reshape to t's shape (free on ONNX Runtime) tells TVM the
+        length (its VM cannot Concat or Max tensors of unknown shape)."""
+        b, axis, rank = self.b, self.facts.axis, self.facts.rank
+        if self.facts.length is not None:
+            pads = [0] * (2 * rank)
+            pads[axis], pads[rank + axis] = shift, -shift
+            return b.Pad(t, pads, fill, hint=hint)
+        if self._length is None or self._shape is None:
+            self._length = b.Shape(self.x, axis, axis + 1, hint="scan_length")
+            self._shape = b.Shape(self.x, hint="x_shape")
+        front = b.Slice(t, [0], [shift], [axis], hint=f"{hint}_front")
+        joined = b.Concat(front, t, axis=axis, hint=f"{hint}_joined")
+        cut = b.Slice(joined, [0], self._length, [axis], hint=f"{hint}_cut")
+        return b.Reshape(cut, self._shape, hint=hint)
+
+
+def _position_type(n: int | None, opset: int) -> Any:
+    """The type positions are scanned in: float32 while exact (static n below 2**24), else
+    int32 (every position of the longest supported length, 2**31, fits; LiteRT has no
+    float64 CumSum or Max) where Max has an int32 kernel (opset 12), else float64."""
+    if n is not None and n < 2**24:
+        return np.float32
+    return np.int32 if opset >= 12 else np.float64
 
 
 _MAX_CONSTANT_POSITIONS = 2**16
