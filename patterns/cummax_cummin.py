@@ -155,12 +155,19 @@ class _CumExtreme(Pattern):
         if facts.elem_type == TensorProto.INT32 and b.opset >= 12:
             key_type = np.int32
         key = x if key_type == x.dtype else b.Cast(x, key_type, hint="key")
-        beyond = _beyond(key_type, self.largest)  # beats nothing: the fill of every shift
+        largest = self.largest
+        if key_type == np.int32 and not largest and n is not None:
+            # OpenVINO 2026.4 reads an int32 Pad fill through float32: INT32_MAX came out as
+            # INT32_MIN (measured: wrong results). -1 - x reverses the order without
+            # overflow, so a running max of it with the fill INT32_MIN (exact) is the min.
+            key = b.Sub(np.int32(-1), key, hint="key_reversed")
+            largest = True
+        beyond = _beyond(key_type, largest)  # beats nothing: the fill of every shift
         position_type = _position_type(n, b.opset)
         positions = _positions(b, x, facts, position_type)
         shifter = _Shifter(b, x, facts)
         if facts.elem_type not in _FLOATS:
-            running = shifter.scan(key, self.largest, beyond, "running", positions)
+            running = shifter.scan(key, largest, beyond, "running", positions)
             # A record is where the running extreme equals the element (ties included: the
             # later one wins); the index at i is the last record at or before i.
             record = b.Where(b.Equal(key, running, hint="is_record"), positions,
@@ -170,13 +177,13 @@ class _CumExtreme(Pattern):
         # NaN takes over whenever it appears, so NaNs stay out of the running extreme (a NaN
         # key becomes the fill, which beats nothing) and one scan finds the last NaN or, if
         # there is none yet, the last record: it keeps the largest code, position - n for a
-        # record (negative), the position itself for a NaN (never negative). Neither is
-        # -n, position 0's code as a record, which changes nothing (position 0 is a record
-        # or a NaN) and keeps the index in range should an engine miss every record (TVM
-        # 0.27 with dynamic rank-3 shapes computes Max(-inf, -inf) as -FLT_MAX).
+        # record (negative), the position itself for a NaN (never negative). Any other
+        # position gets -n, position 0's code as a record: that changes nothing (position 0
+        # is a record or a NaN) and keeps the index in range should an engine miss every
+        # record (TVM 0.27 with dynamic rank-3 shapes computed Max(-inf, -inf) as -FLT_MAX).
         is_nan = b.IsNaN(x, hint="is_nan")
         key = b.Where(is_nan, beyond, key, hint="key_without_nan")
-        running = shifter.scan(key, self.largest, beyond, "running", positions)
+        running = shifter.scan(key, largest, beyond, "running", positions)
         length: Any
         lowest: Any
         if n is None:
@@ -194,7 +201,7 @@ class _CumExtreme(Pattern):
         code = b.Where(b.Equal(key, running, hint="is_record"), from_end, lowest,
                        hint="record_code")
         code = b.Where(is_nan, positions, code, hint="code")
-        last = shifter.scan(code, True, lowest, "last", positions)
+        last = shifter.scan(code, True, _beyond(position_type, True), "last", positions)
         index = b.Where(b.Less(last, position_type(0), hint="is_record_code"),
                         b.Add(last, length, hint="record_at"), last, hint="index")
         return b.Cast(index, np.int64, hint="indices", out=out)
