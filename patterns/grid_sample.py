@@ -626,8 +626,13 @@ def _clamp(b: Builder, x: Value, low: Any, high: Value, hint: str | None = None)
 def _split(b: Builder, x: Value, sizes: list[int], axis: int, hint: str) -> list[Value]:
     """Split(x, sizes, axis) spelled as one Slice per piece (as fast on ONNX Runtime): onnx2tf's
     tf_converter lowers a Split whose sizes are a Constant node to Flex SplitV, which LiteRT's
-    builtin interpreter cannot run."""
+    builtin interpreter cannot run. ``sizes`` sum to the axis' static size.
+
+    The first piece starts at -total, not 0 (the same element): OpenVINO 2026.4's CPU plugin
+    drops a Slice that starts at 0 in front of a GatherElements, whose shape check then fails.
+    """
     starts = np.cumsum([0, *sizes[:-1]]).tolist()
+    starts[0] = -sum(sizes)
     return [b.Slice(x, [start], [start + size], [axis], hint=f"{hint}{number}")
             for number, (start, size) in enumerate(zip(starts, sizes, strict=True))]
 

@@ -624,7 +624,12 @@ def portability_cases():
              ("GridSample 2-D nearest reflection", "nearest", "reflection", 1, 2,
               [((2, 2, 4, 6), (2, 3, 5)), ((1, 2, 6, 3), (1, 4, 2))]),
              ("GridSample 3-D bilinear border", "bilinear", "border", 0, 3,
-              [((1, 2, 3, 4, 5), (1, 2, 3, 4)), ((2, 2, 2, 3, 2), (2, 3, 2, 2))])]
+              [((1, 2, 3, 4, 5), (1, 2, 3, 4)), ((2, 2, 2, 3, 2), (2, 3, 2, 2))]),
+             # static C >= MIN_CHUNKED_CHANNELS: gathered in channel chunks (9 = 2+2+2+2+1)
+             ("GridSample 2-D bilinear zeros, 9 channels", "bilinear", "zeros", 0, 2,
+              [((2, 9, 5, 7), (2, 4, 6)), ((1, 9, 4, 3), (1, 2, 5))]),
+             ("GridSample 2-D bicubic border, 16 channels", "bicubic", "border", 1, 2,
+              [((1, 16, 6, 5), (1, 3, 4)), ((2, 16, 4, 4), (2, 5, 2))])]
     cases = []
     for label, mode, padding, align, k, shapes in specs:
         sets = []
