@@ -9,7 +9,7 @@ error raised derives from :class:`decomposer.DecomposerError`.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,33 +25,37 @@ from decomposer.report import Report
 
 
 def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
-              registry: Registry | None = None, target: str = "portable") -> onnx.ModelProto:
+              registry: Registry | None = None, target: str = "portable",
+              lower: Iterable[str] = ()) -> onnx.ModelProto:
     """Return a copy of ``model`` with every decomposable custom node rewritten.
 
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
     :class:`UnsupportedNodeError`; ``check`` runs ``onnx.checker`` (full_check) on the result.
     ``target`` is ``"portable"`` (the output runs on every engine; ONNX Runtime's contrib
     ops count as unsupported) or ``"ort"`` (ONNX Runtime only: its contrib ops are kept and
-    patterns may choose forms tuned for it).
+    patterns may choose forms tuned for it). ``lower`` names standard ONNX op types to
+    decompose too, where the opset defines them, for engines without a kernel for them
+    (``lower=[op_type, ...]``); each must be one a pattern rewrites (the error lists them).
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                        check=check, target=target)
+                        check=check, target=target, lower=lower)
     return out
 
 
 def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = False,
                           check: bool = True, registry: Registry | None = None,
-                          target: str = "portable") -> tuple[onnx.ModelProto, Report]:
+                          target: str = "portable", lower: Iterable[str] = ()
+                          ) -> tuple[onnx.ModelProto, Report]:
     """Like :func:`decompose`, also returning the report."""
     return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                      check=check, target=target)
+                      check=check, target=target, lower=lower)
 
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
                    allow_unsupported: bool = False, check: bool = True,
                    registry: Registry | None = None, dry_run: bool = False,
                    verify: bool = False, verify_options: Mapping[str, Any] | None = None,
-                   target: str = "portable") -> Report:
+                   target: str = "portable", lower: Iterable[str] = ()) -> Report:
     """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
@@ -63,7 +67,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     model = load_model(src)
     try:
         out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                                 check=check, target=target)
+                                 check=check, target=target, lower=lower)
     except UnsupportedNodeError as exc:
         if isinstance(exc.report, Report):
             exc.report.input_path, exc.report.output_path = str(src), None
@@ -79,7 +83,8 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
         # External weights are read from src's folder (base_dir), never loaded here.
         report.verification = run_verification(
             model, out, registry=registry,
-            **{"base_dir": Path(src).parent, **dict(verify_options or {})})
+            **{"base_dir": Path(src).parent, "lower": report.lowered,
+               **dict(verify_options or {})})
     if not report.dry_run:
         save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]
     if report.verification is not None:

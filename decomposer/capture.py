@@ -32,7 +32,7 @@ model's 0-d condition feed), so on TVM only main-graph nodes were checked.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -143,9 +143,12 @@ class ReplacedNode:
 
 
 def find_replaced(original: onnx.ModelProto, decomposed: onnx.ModelProto, registry: Registry,
-                  base_dir: str | Path | None = None) -> tuple[list[ReplacedNode], list[str]]:
-    """The replaced nodes, and one note per custom node that is not one (kept, unknown)."""
-    classifier = OpClassifier({(f.domain, f.name) for f in original.functions})
+                  base_dir: str | Path | None = None, lowered: Iterable[str] = ()
+                  ) -> tuple[list[ReplacedNode], list[str]]:
+    """The replaced nodes, and one note per custom node that is not one (kept, unknown).
+    ``lowered``: standard op types the run decomposed on request (they count as custom)."""
+    classifier = OpClassifier({(f.domain, f.name) for f in original.functions},
+                              lowered=frozenset(lowered))
     after = {scope.key: scope for scope in walk_scopes(decomposed)}
     replaced: list[ReplacedNode] = []
     notes: list[str] = []

@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
                              "Runtime, OpenVINO, TVM, TensorRT, converters) and ONNX "
                              "Runtime-only contrib ops count as unsupported; ort: ONNX Runtime "
                              "only (its contrib ops are kept; ORT-tuned forms where faster)")
+    parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
+                        help="also decompose these standard ONNX ops where the opset defines "
+                             "them, for engines that lack them (an op onnx2torch or another "
+                             "converter has no kernel for); repeatable")
     verify = parser.add_argument_group("verification (--verify)")
     verify.add_argument("--verify", nargs="?", const="fast", choices=("fast", "full"),
                         metavar="MODE",
@@ -183,7 +187,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report = decompose_file(args.input, args.output, allow_unsupported=args.allow_unsupported,
                             check=not args.no_check, registry=registry, dry_run=args.dry_run,
                             verify=args.verify is not None, verify_options=options,
-                            target=args.target)
+                            target=args.target, lower=_split_names(args.lower))
     if args.report:
         _write_report(args.report, report.to_dict())
     if not args.quiet:
@@ -241,6 +245,11 @@ def _require_writable(path: str, what: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK) or \
             (target.exists() and not os.access(target, os.W_OK)):
         raise ModelIOError(f"{what} {path}: permission denied")
+
+
+def _split_names(values: list[str]) -> list[str]:
+    """``--lower A,B --lower C`` -> ``[A, B, C]``."""
+    return [name.strip() for value in values for name in value.split(",") if name.strip()]
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -203,23 +203,30 @@ def _has_candidate(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
 
 
 def run(model: onnx.ModelProto, *, registry: Registry | None = None,
-        allow_unsupported: bool = False, check: bool = True, target: str = "portable"
-        ) -> tuple[onnx.ModelProto, Report]:
-    """Rewrite ``model``; return the new model and the report. ``model`` is not mutated."""
+        allow_unsupported: bool = False, check: bool = True, target: str = "portable",
+        lower: Iterable[str] = ()) -> tuple[onnx.ModelProto, Report]:
+    """Rewrite ``model``; return the new model and the report. ``model`` is not mutated.
+
+    ``lower`` names standard default-domain op types to decompose even where the model's
+    opset defines them (for an engine without a kernel for them); each must be an ONNX op
+    that a registered pattern rewrites.
+    """
     validate_structure(model)
     if target not in TARGETS:
         raise InvalidModelError(f"unknown target {target!r}; use one of: "
                                 f"{', '.join(TARGETS)}")
     registry = registry if registry is not None else default_registry()
+    lowered = _lowerable(lower, registry)
     opsets = opset_map(list(model.opset_import))
-    report = Report(opset=opsets.get("", 0), target=target)
+    report = Report(opset=opsets.get("", 0), target=target, lowered=sorted(lowered))
     out = onnx.ModelProto()
     out.CopyFrom(model)
     local_functions = {(f.domain, f.name) for f in model.functions}
     # What onnx.checker can judge never depends on the target: it knows no runtime's
     # contrib ops, so those are always set aside as custom when checking.
     schema_classifier = OpClassifier(local_functions)
-    classifier = OpClassifier(local_functions, runtime_ops=_runtime_ops(target))
+    classifier = OpClassifier(local_functions, runtime_ops=_runtime_ops(target),
+                              lowered=lowered)
     if not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
         # (full_check's strict shape inference rejects even some of ONNX's own test models).
@@ -261,6 +268,23 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     if check:
         check_output(out, schema_classifier, rewriter.rewritten_outputs)
     return out, report
+
+
+def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:
+    """The op types of ``lower``, checked: each is a standard ONNX op a pattern rewrites."""
+    if isinstance(names, str):  # a lone name, not its letters
+        names = [names]
+    lowered = frozenset(names)
+    for op_type in sorted(lowered):
+        if not onnx.defs.has(op_type):
+            raise InvalidModelError(f"cannot lower {op_type!r}: it is not a standard ONNX op "
+                                    "(custom ops are decomposed without asking)")
+        if registry.lookup(onnx.helper.make_node(op_type, [], [])) is None:
+            choices = sorted({entry.pattern.op_type for entry in registry
+                              if onnx.defs.has(entry.pattern.op_type)})
+            raise InvalidModelError(f"cannot lower {op_type!r}: no pattern rewrites it"
+                                    + (f" (lowerable: {', '.join(choices)})" if choices else ""))
+    return lowered
 
 
 def _runtime_ops(target: str) -> frozenset[tuple[str, str]]:

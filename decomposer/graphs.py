@@ -58,11 +58,15 @@ class OpClassifier:
     """Answers "is this node a standard op?" with a cache, since models repeat ops."""
 
     def __init__(self, local_functions: set[tuple[str, str]],
-                 runtime_ops: frozenset[tuple[str, str]] = frozenset()) -> None:
+                 runtime_ops: frozenset[tuple[str, str]] = frozenset(),
+                 lowered: frozenset[str] = frozenset()) -> None:
         # runtime_ops: (domain, op_type) of non-ONNX ops the target runtime implements
         # itself (ONNX Runtime's contrib ops under --target ort); they need no rewrite.
+        # lowered: default-domain op types the user asked to decompose even where the
+        # opset defines them (--lower), for engines that lack a kernel for them.
         self._local_functions = local_functions
         self._runtime_ops = runtime_ops
+        self._lowered = lowered
         self._cache: dict[tuple[str, str, int | None], bool] = {}
 
     def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
@@ -71,6 +75,8 @@ class OpClassifier:
             return True
         if (domain, node.op_type) in self._runtime_ops:
             return True
+        if domain == "" and node.op_type in self._lowered:
+            return False
         version = opsets.get(domain)
         key = (domain, node.op_type, version)
         known = self._cache.get(key)

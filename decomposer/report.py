@@ -42,6 +42,7 @@ class ReplacedNode:
 class Report:
     opset: int = 0
     target: str = "portable"
+    lowered: list[str] = field(default_factory=list)  # standard op types decomposed on request
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
     dropped_opset_imports: list[str] = field(default_factory=list)
@@ -86,6 +87,7 @@ class Report:
             "dry_run": self.dry_run,
             "opset": self.opset,
             "target": self.target,
+            "lowered": list(self.lowered),
             "counts": self.counts,
             "replaced": [asdict(n) for n in self.replaced],
             "unsupported": [asdict(n) for n in self.unsupported],

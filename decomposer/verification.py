@@ -34,7 +34,7 @@ import importlib
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -425,7 +425,7 @@ class _ReferenceRun:
     node outputs exposed."""
 
     def __init__(self, original: onnx.ModelProto, registry: Registry,
-                 base_dir: Path | None) -> None:
+                 base_dir: Path | None, lowered: frozenset[str] = frozenset()) -> None:
         from onnx.reference import ReferenceEvaluator
 
         # Imported by name, as the registry imports decomposer.patterns (a package-dir
@@ -434,7 +434,7 @@ class _ReferenceRun:
         reference_kernel_fixes: Callable[[], list[type]] = shims.reference_kernel_fixes
         scratch = onnx.ModelProto()
         scratch.CopyFrom(_with_weights(original, base_dir))
-        ops, self.produced_by = _map_custom_nodes(scratch, registry)
+        ops, self.produced_by = _map_custom_nodes(scratch, registry, lowered)
         extra = [name for name in self.produced_by
                  if name not in {o.name for o in scratch.graph.output}]
         scratch.graph.output.extend(onnx.ValueInfoProto(name=name) for name in extra)
@@ -454,12 +454,15 @@ class _ReferenceRun:
                                     f"evaluator with these inputs: {_first_line(exc)}") from exc
 
 
-def _map_custom_nodes(scratch: onnx.ModelProto, registry: Registry
+def _map_custom_nodes(scratch: onnx.ModelProto, registry: Registry,
+                      lowered: frozenset[str] = frozenset()
                       ) -> tuple[list[type], dict[str, tuple[str, str]]]:
-    """Point every custom node of ``scratch`` at an ``OpRun`` calling its pattern's
-    reference; return those classes and main-graph output name -> (node, pattern)."""
+    """Point every custom node of ``scratch`` (and every standard node of a ``lowered``
+    type) at an ``OpRun`` calling its pattern's reference; return those classes and
+    main-graph output name -> (node, pattern)."""
     opsets = opset_map(list(scratch.opset_import))
-    classifier = OpClassifier({(f.domain, f.name) for f in scratch.functions})
+    classifier = OpClassifier({(f.domain, f.name) for f in scratch.functions},
+                              lowered=lowered)
     ops: list[type] = []
     produced_by: dict[str, tuple[str, str]] = {}
 
@@ -516,14 +519,15 @@ def verify(original: onnx.ModelProto, decomposed: onnx.ModelProto,
            input_values: Mapping[str, Sequence[float]] | None = None,
            expected: Mapping[str, np.ndarray] | None = None,
            registry: Registry | None = None, base_dir: str | Path | None = None,
-           progress: Progress | None = None) -> VerifyReport:
+           progress: Progress | None = None, lower: Iterable[str] = ()) -> VerifyReport:
     """Check ``decomposed`` against ``original`` (see the module docstring for the routes).
 
     ``feeds`` is one feed dict or a list of them; without it ``runs`` feed sets are
     generated. ``expected`` holds graph outputs saved from PyTorch for the (single) feed
     set, compared with every engine's outputs. ``engines`` names engines of
     :mod:`decomposer.engines`. ``base_dir`` is the folder external data is read from.
-    ``progress`` receives a line when a run takes longer than about a second.
+    ``progress`` receives a line when a run takes longer than about a second. ``lower`` is
+    what the decomposition was given (standard op types it decomposed on request).
     Raises :class:`InvalidModelError` for unusable inputs and
     :class:`decomposer.errors.EngineUnavailableError` for an engine that is not installed
     (both before running anything); a mismatch or an engine failure is reported, not raised
@@ -553,7 +557,7 @@ def verify(original: onnx.ModelProto, decomposed: onnx.ModelProto,
                                     f"output of the model (outputs: {', '.join(graph_outputs)})")
     report = VerifyReport(runs=len(feed_sets), mode=mode, engines=names)
     job = _Job(original, decomposed, registry, folder, report, _Progress(progress), atol, rtol,
-               expected)
+               expected, frozenset([lower] if isinstance(lower, str) else lower))
     if mode == "full":
         job.full(feed_sets, names)
     else:
@@ -579,8 +583,10 @@ class _Job:
     def __init__(self, original: onnx.ModelProto, decomposed: onnx.ModelProto,
                  registry: Registry, base_dir: Path | None, report: VerifyReport,
                  progress: _Progress, atol: float, rtol: float,
-                 expected: Mapping[str, np.ndarray] | None) -> None:
+                 expected: Mapping[str, np.ndarray] | None,
+                 lowered: frozenset[str] = frozenset()) -> None:
         self.original = original
+        self.lowered = lowered
         self.decomposed = decomposed
         self.registry = registry
         self.base_dir = base_dir
@@ -594,7 +600,8 @@ class _Job:
 
     def reference(self) -> _ReferenceRun:
         if self._reference is None:
-            self._reference = _ReferenceRun(self.original, self.registry, self.base_dir)
+            self._reference = _ReferenceRun(self.original, self.registry, self.base_dir,
+                                            self.lowered)
         return self._reference
 
     def row(self, tensor: str, kind: str, run: int, engine: str, result: Comparison,
@@ -627,7 +634,7 @@ class _Job:
 
     def fast(self, feed_sets: list[dict[str, np.ndarray]], engines: list[str]) -> None:
         replaced, notes = find_replaced(self.original, self.decomposed, self.registry,
-                                        self.base_dir)
+                                        self.base_dir, self.lowered)
         self.report.notes.extend(notes)
         self.report.replaced_nodes = len(replaced)
         variants = self._variants(replaced)
@@ -769,7 +776,7 @@ class _Job:
         variants = [_Variant("replaced nodes' outputs", exposed, []),
                     _Variant("no extra outputs", self.decomposed, [])]
         replaced, _ = find_replaced(self.original, self.decomposed, self.registry,
-                                    self.base_dir)
+                                    self.base_dir, self.lowered)
         runners = [_EngineRunner(engine, variants, self.base_dir, self.report.notes)
                    for engine in engines]
         compared = [*self.graph_outputs, *extra]

@@ -310,8 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     rows: list[dict[str, Any]] = []
     for case in cases:
-        variants = [("decomposed", decomposer.decompose(case.model))]
-        native = None if args.no_native else native_variant(case.model)
+        variants = [("decomposed", decomposer.decompose(case.model, lower=case.lower))]
+        # A lowering case's native row would repeat its plain case's.
+        native = None if args.no_native or case.lower else native_variant(case.model)
         if native is not None:
             variants.append(("ONNX AffineGrid-20", native))
         for label, model in variants:

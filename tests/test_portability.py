@@ -51,7 +51,8 @@ class PortabilityCase:
     """One model holding custom nodes, its feed sets, and torch's outputs for each.
 
     ``skip`` maps "engine" or "engine/static|dynamic" to the reason a configuration cannot
-    run this case (an engine limit, stated, not a decomposition bug).
+    run this case (an engine limit, stated, not a decomposition bug). ``lower`` is passed to
+    ``decomposer.decompose`` (standard op types to decompose too).
     """
 
     id: str
@@ -60,6 +61,7 @@ class PortabilityCase:
     expected: list[list[np.ndarray]]
     atol: float = 1e-5
     skip: dict[str, str] = field(default_factory=dict)
+    lower: tuple[str, ...] = ()
 
     @classmethod
     def coerce(cls, raw: Any) -> PortabilityCase:
@@ -73,7 +75,8 @@ class PortabilityCase:
             feeds, expected = [feeds], [expected]
         return cls(str(get("id")), get("model"), [dict(f) for f in feeds],
                    [list(e) if isinstance(e, (list, tuple)) else [e] for e in expected],
-                   float(get("atol", 1e-5) or 1e-5), dict(get("skip", {}) or {}))
+                   float(get("atol", 1e-5) or 1e-5), dict(get("skip", {}) or {}),
+                   tuple(get("lower", ()) or ()))
 
 
 def config_label(engine: str, static: bool) -> str:
@@ -183,6 +186,14 @@ def seed_stn_case() -> PortabilityCase:
     return PortabilityCase("seed STN (stn_custom.onnx)", model, feeds, expected, atol=1e-4)
 
 
+def seed_stn_lowered_case() -> PortabilityCase:
+    """The seed STN with its standard GridSample-16 decomposed too (``lower``), for engines
+    without GridSample (onnx2torch)."""
+    case = seed_stn_case()
+    return PortabilityCase("seed STN, lower GridSample", case.model, case.feeds,
+                           case.expected, atol=case.atol, lower=("GridSample",))
+
+
 def torch_rot_scale(x: np.ndarray, k: int, dims: Sequence[int], scale: float) -> np.ndarray:
     return (torch.rot90(torch.from_numpy(x), k, list(dims)) * scale).numpy()
 
@@ -209,6 +220,7 @@ def builtin_cases() -> list[PortabilityCase]:
     cases.append(affine_grid_case(2, "input", align=1))
     cases.append(affine_grid_in_if_case())
     cases.append(seed_stn_case())
+    cases.append(seed_stn_lowered_case())
     for k in (1, 2, 3):
         cases.append(rotation_case("Rot90AndScale", {"k": k, "scale": 1.5}, k, (-2, -1), 1.5))
     cases.append(rotation_case("CustomRotScale", {"rotations": 1, "scale_factor": 0.5,
@@ -241,7 +253,7 @@ def all_cases() -> tuple[PortabilityCase, ...]:
 @functools.cache
 def decomposed(case_id: str) -> onnx.ModelProto:
     case = next(c for c in all_cases() if c.id == case_id)
-    out = decomposer.decompose(case.model)
+    out = decomposer.decompose(case.model, lower=case.lower)
     onnx.checker.check_model(out, full_check=True)
     return out
 
