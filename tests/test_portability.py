@@ -269,6 +269,9 @@ def portability_violations(model: onnx.ModelProto) -> list[str]:
         constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
                      for n in graph.node if n.op_type == "Constant" and n.attribute
                      and n.attribute[0].type == onnx.AttributeProto.TENSOR}
+        constants.update((t.name, onnx.numpy_helper.to_array(t)) for t in graph.initializer)
+        sliced_from_zero = {n.output[0] for n in graph.node if n.op_type == "Slice"
+                            and n.input[1] in constants and (constants[n.input[1]] == 0).any()}
         for node in graph.node:
             where = f"{node.op_type} '{node.name}'"
             if node.domain not in ("", "ai.onnx"):
@@ -285,6 +288,8 @@ def portability_violations(model: onnx.ModelProto) -> list[str]:
                     value = constants.get(name)
                     if value is not None and value.size == 0:
                         problems.append(f"{where}: concatenates an empty constant")
+            if node.op_type == "GatherElements" and node.input[0] in sliced_from_zero:
+                problems.append(f"{where}: reads a Slice that starts at 0")
             if node.op_type == "Slice" and len(node.input) >= 3:
                 starts, ends = constants.get(node.input[1]), constants.get(node.input[2])
                 if starts is not None and ends is not None and starts.shape == ends.shape \
@@ -318,6 +323,16 @@ def test_the_static_check_can_fail():
     assert "computed at run time" in found
     assert "empty slice" in found
     assert "negative or unknown steps" in found
+    chunk = helper.make_graph(
+        [helper.make_node("Slice", ["x", "zero", "two", "one"], ["piece"]),
+         helper.make_node("GatherElements", ["piece", "i"], ["y"], axis=1)], "chunk",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 3]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [onnx.numpy_helper.from_array(np.array([v], np.int64), name)
+         for name, v in [("zero", 0), ("two", 2), ("one", 0)]])
+    assert "reads a Slice that starts at 0" in " ".join(
+        portability_violations(helper.make_model(chunk)))
 
 
 # -- engines -------------------------------------------------------------------------------
