@@ -35,10 +35,11 @@ Before -> after::
     static n > 2**16: the same loop tracking (start, end) per value (no tables, 8 ops/step)
     dynamic n: count the elements that send the search right, in O(m (16 + n / 2**16)):
         s = Pad(sequence[sorter], one element in front, the dtype's maximum behind)
-        count = 2**16 * ReduceSum(s[2**16 j] < v for j = 1 .. n // 2**16 + 1)   # (<= right)
-        16 times, step = 2**15 .. 1:  probe = min(count + step, n + 1)
+        count = 2**16 * sum(s[2**16 j] < v for j = 1 .. n // 2**16 + 1)  # (<= right), a MatMul
+        16 times, step = 2**15 .. 1:  probe = count + step   (batched, steps >= 128:
+                                                              min(count + step, n + 1))
                                       count += step * Cast(s[probe] < v)     # (<= for right)
-        result = min(count, n), and n for a NaN value
+        result = min(count, n), and n for a NaN value; positions in int32
 
 The dynamic form equals torch's search exactly when the sequence is sorted with no NaN
 (which torch requires); with a NaN inside a run-time-length sequence it may differ.
@@ -47,7 +48,8 @@ Envelope: opsets 11+; sequence and values uint8/int8/int16/int32/int64/float16/b
 float32/float64 (compared in the promoted type, widened to int32/float32 where ONNX
 Runtime lacks a kernel or merges casts: exact); ranks must be known; every dim dynamic (the
 search length n static for the exact unrolled forms; a dynamic n costs 17 reads per value
-below 2**16 elements, one more per further 2**16).
+below 2**16 elements, one more per further 2**16, and must stay below 2**31 - 2**16 - 1:
+MAX_DYNAMIC_LENGTH, int32 positions).
 """
 
 from __future__ import annotations
@@ -77,10 +79,20 @@ MAX_RANK = 64
 # Static lengths up to this walk the decision tree (constant tables of 4n int32 values);
 # longer ones track (start, end) per value, which needs no tables (2 more ops per step).
 TREE_MAX_LENGTH = 2**16
+# Batched rows: a tree of up to this many nodes is read into a per-row table (s at every
+# node: rows x nodes reads, cheap next to the values when rows are short); a deeper tree
+# looks each step's mid up in the constant table and reads s there (two reads per step),
+# so the cost follows the values, not the rows' length.
+ROW_TABLE_MAX_NODES = 2**12
 # A run-time length is searched in blocks of 2**BLOCK_STEPS: one block-boundary read per value
 # and BLOCK_STEPS bisection steps while n < 2**BLOCK_STEPS, plus one read per further block.
 BLOCK_STEPS = 16
 BLOCK = 2**BLOCK_STEPS
+# Sentinels behind each row of a batched run-time-length sequence: steps below this read
+# unclamped (see _build_dynamic).
+BATCH_PAD = 2**7
+# The run-time-length form counts in int32: n + BLOCK + 1 must fit.
+MAX_DYNAMIC_LENGTH = 2**31 - BLOCK - 2
 
 
 def torch_promote_types(a: int, b: int) -> int:
@@ -308,18 +320,32 @@ class SearchSorted(Pattern):
         assert n is not None
         depth = n.bit_length()
         mids, leaf_starts = swapped_children(*search_tree(n))
+        mids = mids.astype(np.int32)
         out_dtype = np.int32 if facts.out_type == T.INT32 else np.int64
-        # s at every node's mid, once: (..., 2**depth), small next to the values.
-        at_node = b.Gather(padded, mids.astype(np.int32), axis=-1, hint="s_at_node")
         batched = facts.sequence_rank > 1
+        if not batched or mids.size <= ROW_TABLE_MAX_NODES:
+            # s at every node's mid, once: (..., 2**depth).
+            at_node = b.Gather(padded, mids, axis=-1, hint="s_at_node")
+
+            def read(node: Value, hint: str) -> Value:
+                return b.GatherElements(at_node, node, -1, hint=hint)
+        else:
+            values_shape = b.Shape(values, hint="values_shape")
+
+            def read(node: Value, hint: str) -> Value:
+                # The mid of each value's node (a 1-D constant table, read flat), then s.
+                flat = b.Reshape(node, [-1], hint=f"{hint}_flat")
+                mid = b.GatherElements(mids, flat, 0, hint=f"{hint}_mid")
+                return b.GatherElements(padded, b.Reshape(mid, values_shape,
+                                                          hint=f"{hint}_mids"), -1, hint=hint)
         # The root (node 1) is the same for every value: one column.
-        root = b.Gather(at_node, 1, axis=-1, hint="s_root")
+        root = b.Gather(padded, int(mids[1]), axis=-1, hint="s_root")
         if batched:
             root = b.Unsqueeze(root, [facts.sequence_rank - 1], hint="s_root_col")
         stop = self._goes_left(b, root, values, facts, "stop1")
         node = b.Cast(stop, np.int32, hint="stop1_int") + np.int32(2)
         for step in range(2, depth + 1):
-            here = b.GatherElements(at_node, node, -1, hint=f"s_node{step}")
+            here = read(node, f"s_node{step}")
             stop = self._goes_left(b, here, values, facts, f"stop{step}")
             doubled = b.Add(node, node, hint=f"down{step}")
             node = b.Add(doubled, b.Cast(stop, np.int32, hint=f"stop{step}_int"),
@@ -344,9 +370,12 @@ class SearchSorted(Pattern):
         stops the search, unless the value is NaN (or equals the maximum, for right=True),
         and then min(count, n) is the answer. A 1-D sequence gets BLOCK sentinels, which
         no probe can pass (the block count is clamped to n // BLOCK), so probes need no
-        clamp; batched rows get one sentinel and every index is clamped to it (BLOCK per row
-        would cost rows * BLOCK elements per run). Values are (..., m) against a (..., n)
-        sequence: 1-D sequences get flat values."""
+        clamp; batched rows get BATCH_PAD sentinels (BLOCK per row would cost rows * BLOCK
+        elements per run): probes of steps >= BATCH_PAD are clamped to the first sentinel,
+        the smaller steps (reading at most BATCH_PAD - 1 past a count <= n) are not.
+        Positions are int32 (ONNX Runtime runs the steps ~25% faster than in int64), which
+        bounds a run-time length to MAX_DYNAMIC_LENGTH. Values are (..., m) against a
+        (..., n) sequence: 1-D sequences get flat values."""
         rank = facts.sequence_rank
         dtype = sequence.dtype
         assert dtype is not None
@@ -355,73 +384,88 @@ class SearchSorted(Pattern):
         one_d = rank == 1
         pads = [0] * (2 * rank)
         pads[rank - 1] = 1
-        pads[-1] = BLOCK if one_d else 1
+        pads[-1] = BLOCK if one_d else BATCH_PAD
         padded = b.Pad(sequence, pads, sentinel, hint="sequence_guarded")
         # n twice: a 0-d one for Range, a (1,) one for the clamps (TVM's importer keeps a 0-d
         # size as a PrimValue, which its Min cannot take).
         sequence_shape = b.Shape(sequence, hint="sequence_shape")
         length = b.Gather(sequence_shape, rank - 1, hint="length")
         length_1d = b.Gather(sequence_shape, [rank - 1], hint="length_1d")
-        sentinel_at = length_1d + 1
+        length_32 = b.Cast(length_1d, np.int32, hint="length_int32")
 
         # Stage 1: block boundaries BLOCK, 2 BLOCK, ... (counts), the last one past the end;
-        # (..., 1, blocks) against (..., m, 1).
+        # (..., blocks, 1) against (..., 1, m), summed over the blocks by a MatMul with a row
+        # of ones (ONNX Runtime's ReduceSum over a short axis is ~5x slower; float32 sums
+        # are exact: the block count is below 2**24 for any n below 2**40).
         blocks = b.Div(length, np.int64(BLOCK), hint="full_blocks")
         ends = b.Range(np.int64(1), blocks + 2, np.int64(1),
                        hint="block_numbers") * np.int64(BLOCK)
         if not one_d:
-            ends = b.Min(ends, sentinel_at, hint="block_ends")
+            ends = b.Min(ends, length_1d + 1, hint="block_ends")
         if rank > 1:
             # Read the boundaries per row of the *values*, whose leading dims equal the
             # sequence's: TVM cannot broadcast two different symbolic dims. The row indices
             # come from zeros of the values' leading shape (a sum over nothing, even at m=0).
             lowest = (np.array(-np.inf, dtype) if dtype.kind == "f"
                       else np.array(np.iinfo(dtype).min, dtype))
-            row_zeros = b.ReduceSum(b.Cast(b.Less(values, lowest, hint="never"), np.int64,
-                                           hint="never_int"),
-                                    [rank - 1], keepdims=True, hint="row_zeros")
+            row_zeros = b.Cast(b.ReduceSum(b.Cast(b.Less(values, lowest, hint="never"),
+                                                  np.float32, hint="never_float"),
+                                           [rank - 1], keepdims=True, hint="row_zeros_float"),
+                               np.int64, hint="row_zeros")
             ends = b.Add(row_zeros, ends, hint="block_ends_per_row")  # (..., blocks)
             block_last = b.GatherElements(padded, ends, -1, hint="block_last")
         else:
             block_last = b.Gather(padded, ends, axis=0, hint="block_last")
-        block_last = b.Unsqueeze(block_last, [rank - 1], hint="block_last_rows")
-        column = b.Unsqueeze(values, [rank], hint="values_col")
+        # ones shaped like the boundaries (so that TVM sees the same symbolic dim), (..., 1, k)
+        ones = b.Unsqueeze(b.Cast(b.Not(b.Less(block_last, block_last, hint="no_boundary"),
+                                        hint="every_boundary"), np.float32, hint="ones"),
+                           [rank - 1], hint="ones_row")
+        block_last = b.Unsqueeze(block_last, [rank], hint="block_last_col")
+        row = b.Unsqueeze(values, [rank - 1], hint="values_row")
         # Left: "moves right" is s < v, one comparison at every opset (a NaN value is
         # fixed at the end); right: "stops" is s > v, and a NaN value passes everything.
         if facts.right:
-            passed = b.Not(b.Greater(block_last, column, hint="block_stop"),
+            passed = b.Not(b.Greater(block_last, row, hint="block_stop"),
                            hint="block_passed")
         else:
-            passed = b.Less(block_last, column, hint="block_passed")
-        count = b.ReduceSum(b.Cast(passed, np.int64, hint="block_passed_count"),
-                            [rank], keepdims=False, hint="blocks_passed")
+            passed = b.Less(block_last, row, hint="block_passed")
+        passed_sum = b.MatMul(ones, b.Cast(passed, np.float32, hint="block_passed_float"),
+                              hint="blocks_passed_float")  # (..., 1, m)
+        count = b.Cast(b.Squeeze(passed_sum, [rank - 1], hint="blocks_passed_row"), np.int32,
+                       hint="blocks_passed")
         if one_d and facts.right:  # a value >= the sentinel passed it: stay inside the pad
-            count = b.Min(count, b.Div(length_1d, np.int64(BLOCK), hint="full_blocks_1d"),
+            count = b.Min(count, b.Cast(b.Div(length_1d, np.int64(BLOCK)), np.int32,
+                                        hint="full_blocks_1d"),
                           hint="blocks_passed_inside")
-        count = count * np.int64(BLOCK)
+        count = count * np.int32(BLOCK)
 
         # Stage 2: bisection inside the block (arithmetic, not Where: see _build_tree).
+        sentinel_at = length_32 + np.int32(1)
         for level in range(BLOCK_STEPS - 1, -1, -1):
             step = 2**level
-            moved = count + np.int64(step)
-            at = moved if one_d else b.Min(moved, sentinel_at, hint=f"probe{step}")
+            clamped = not one_d and step >= BATCH_PAD
+            if not one_d and facts.right and step == BATCH_PAD // 2:
+                # A value >= the sentinel (right) passed it: back inside the pad.
+                count = b.Min(count, length_32, hint="count_inside")
+            moved = count + np.int32(step)
+            at = b.Min(moved, sentinel_at, hint=f"probe{step}") if clamped else moved
             read = b.GatherElements(padded, at, -1, hint=f"s_probe{step}")
             if facts.right:  # count = moved unless s > v
-                stop = b.Cast(b.Greater(read, values, hint=f"stop{step}"), np.int64,
+                stop = b.Cast(b.Greater(read, values, hint=f"stop{step}"), np.int32,
                               hint=f"stop{step}_int")
-                count = moved - (stop * np.int64(step) if step > 1 else stop)
+                count = moved - (stop * np.int32(step) if step > 1 else stop)
             else:  # count += step if s < v
-                passes = b.Cast(b.Less(read, values, hint=f"passes{step}"), np.int64,
+                passes = b.Cast(b.Less(read, values, hint=f"passes{step}"), np.int32,
                                 hint=f"passes{step}_int")
-                count = count + (passes * np.int64(step) if step > 1 else passes)
+                count = count + (passes * np.int32(step) if step > 1 else passes)
         fix_nan = not facts.right and dtype.kind == "f"
-        last = facts.out_type == T.INT64 and not fix_nan
-        count = b.Min(count, length_1d, hint="result" if last else "count",
+        last = facts.out_type == T.INT32 and not fix_nan
+        count = b.Min(count, length_32, hint="result" if last else "count",
                       out=out if last else None)
         if fix_nan:  # a NaN value passed nothing (Less is False); torch runs it to the end
-            nan_to_end = b.Cast(b.IsNaN(values, hint="nan_value"), np.int64,
-                                hint="nan_value_int") * length_1d
-            last = facts.out_type == T.INT64
+            nan_to_end = b.Cast(b.IsNaN(values, hint="nan_value"), np.int32,
+                                hint="nan_value_int") * length_32
+            last = facts.out_type == T.INT32
             count = b.Max(count, nan_to_end, hint="result" if last else "count_nan",
                           out=out if last else None)
         if not last:

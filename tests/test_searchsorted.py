@@ -15,7 +15,13 @@ from onnx import TensorProto, helper
 from torch.onnx import OperatorExportTypes
 
 import decomposer
-from decomposer.patterns.searchsorted import BLOCK, BLOCK_STEPS, SearchSorted
+from decomposer.patterns.searchsorted import (
+    BATCH_PAD,
+    BLOCK,
+    BLOCK_STEPS,
+    ROW_TABLE_MAX_NODES,
+    SearchSorted,
+)
 from decomposer.testing import Case, check_pattern, compare, ir_version_for, run_onnxruntime
 
 NEWEST = onnx.defs.onnx_opset_version()
@@ -72,6 +78,10 @@ def test_dynamic_length_sorted_sequences(attrs):
     # One block-boundary read, then BLOCK_STEPS bisection reads, whatever n is.
     assert all(r.op_types.count("Gather") == 3 for r in results)  # 2 of them read n
     assert all(r.op_types.count("GatherElements") == BLOCK_STEPS for r in results)
+    # 1-D: BLOCK sentinels behind the row, no probe is clamped (only the result, and for
+    # right the block count; integer Min is a Where below opset 12)
+    right = bool(attrs.get("right") or attrs.get("side") == "right")
+    assert all(r.op_types.count("Min") == 1 + right for r in results if r.opset >= 12)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
@@ -105,10 +115,18 @@ def test_dynamic_length_integer_extremes(dtype):
     low = np.iinfo(dtype).min
     sequence = np.array([low, low, 0, 5, 5, top, top], dtype)
     values = np.array([low, top, 0, 5, 4, 6, top - 1, low + 1], dtype)
+    # Batched rows longer than BATCH_PAD: the large steps are clamped, the small ones not
+    # (a value equal to the maximum, right=True, runs past the sentinels' start).
+    rows = np.stack([np.concatenate([np.full(150, low), np.full(100, top)]),
+                     np.sort(np.arange(250) % 200).astype(dtype)])
+    row_values = np.stack([values, values[::-1]])
     for attrs in ({}, {"right": 1}):
         check_pattern(SearchSorted(), [
             Case([sequence, values], attrs, output_dtype=np.int64, output_rank=1,
-                 symbolic="all", more_inputs=[[sequence[:5], values], [sequence[:0], values]])],
+                 symbolic="all", more_inputs=[[sequence[:5], values], [sequence[:0], values]]),
+            Case([rows.astype(dtype), row_values], attrs, output_dtype=np.int64, output_rank=2,
+                 symbolic="all", more_inputs=[[rows[:, :BATCH_PAD].astype(dtype), row_values],
+                                              [rows[:, :129].astype(dtype), row_values]])],
             opsets=[11, 17], oracle=torch_searchsorted, atol=0, rtol=0)
 
 
@@ -130,6 +148,26 @@ def test_steps_follow_torchs_loop():
                                   opsets=[13], oracle=torch_searchsorted, atol=0, rtol=0)
         assert result.op_types.count("Gather") == 2  # s at every node, the root
         assert result.op_types.count("GatherElements") == n.bit_length()  # steps, the leaf
+
+
+@pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
+def test_long_batched_rows_read_the_mid_per_step(attrs):
+    """Rows past ROW_TABLE_MAX_NODES tree nodes: no per-row table; each step looks its mid
+    up and reads s there (two reads per step), still torch's exact path, also on an
+    unsorted row and a NaN tail."""
+    rng = np.random.default_rng(11)
+    n = 5000
+    assert 2 ** n.bit_length() > ROW_TABLE_MAX_NODES
+    sequences = np.sort(rng.integers(-500, 500, (2, 2, n)), -1).astype(np.float32)
+    sequences[0, 1, -4:] = nan
+    sequences[1, 0] = rng.permutation(sequences[1, 0])  # unsorted: torch's path decides
+    values = rng.integers(-550, 550, (2, 2, 40)).astype(np.float32)
+    values[0, 0, :4] = [nan, inf, -inf, sequences[0, 0, n // 2]]
+    (result,) = check_pattern(SearchSorted(), [
+        Case([sequences, values], attrs, output_dtype=np.int32 if attrs else np.int64,
+             output_rank=3, symbolic={0: [0, 1], 1: [0, 1, 2]})], opsets=[13],
+        oracle=torch_searchsorted, atol=0, rtol=0)
+    assert result.op_types.count("GatherElements") == 2 * (n.bit_length() - 1)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
@@ -156,10 +194,15 @@ def test_batched_sequences_with_and_without_sorter(dynamic_length, attrs):
     values = rng.integers(-6, 6, (2, 3, 4)).astype(np.float64)
     values[0, 0, :2] = [nan, -inf]
     symbolic = "all" if dynamic_length else {0: [0, 1], 1: [0, 1, 2]}
-    check_pattern(SearchSorted(), [Case([sequences, values], attrs, symbolic=symbolic,
-                                        output_dtype=np.int64, output_rank=3,
-                                        more_inputs=[[sequences[:1], values[:1, :, :1]]])],
-                  opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
+    results = check_pattern(SearchSorted(), [
+        Case([sequences, values], attrs, symbolic=symbolic, output_dtype=np.int64,
+             output_rank=3, more_inputs=[[sequences[:1], values[:1, :, :1]]])],
+        opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
+    if dynamic_length:  # clamped probes only for the steps >= BATCH_PAD (9 of 16); then
+        # the block ends, the result, and for right one clamp of the count
+        clamped = BLOCK_STEPS - BATCH_PAD.bit_length() + 1
+        assert all(r.op_types.count("Min") == clamped + 2 + bool(attrs) for r in results
+                   if r.opset >= 12)
     # A shuffled sequence with the sorter that orders it (and a 1-D one).
     order = np.argsort(rng.random((2, 3, 9)), -1)
     shuffled = np.take_along_axis(sequences, order, -1)
