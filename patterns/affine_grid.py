@@ -17,7 +17,8 @@ Before -> after (a, b, e, t: theta's columns for x, y, z and the translation, ea
 Unsqueezed to the grid's rank; every broadcast is between operands of that full rank)::
 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
-                                 R_c = x * a + t;  R_y, (R_z) = Expand(b, (e))  # (N, 1, (1,) W, k)
+                                 R_c = x * Expand(a) + Expand(t);  R_y, (R_z) = Expand(b, (e))
+                                 # every Expand is to Shape(x): (N, 1, (1,) W, k)
       2-D:                       grid = y * R_y + R_c                         # (N, H, W, 2)
       3-D:                       grid = z * R_z + (y * R_y + R_c)             # (N, D, H, W, 3)
       2-D float32, target ort:   grid = Conv1x1(Concat(R_y, R_c), weight=(y_h, 1))
@@ -138,8 +139,14 @@ class AffineGrid(Pattern):
         # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the grid
         # that varies along W; the y (and z) coefficients are spread to the same shape so the
         # final broadcast reads whole (W, k) rows, not k-element pieces.
-        r_c = spread(coords(k + 1, "x"), k, "x_b") * x_coef + offset
-        r_c_shape = b.Shape(r_c, hint="R_shape")
+        # Each column is Expanded over W before it meets x: onnx2tf's tf_converter (2.6.9,
+        # shape_unmatched_special_avoidance_workaround) takes x (1, 1, W, 1) with W unknown
+        # as possibly channels-last and transposes a static (N, 1, 1, k) partner to
+        # (N, 1, k, 1), which LiteRT cannot broadcast ("XNNPack delegate failed to reshape").
+        x_b = spread(coords(k + 1, "x"), k, "x_b")
+        r_c_shape = b.Shape(x_b, hint="R_shape")
+        r_c = x_b * b.Expand(x_coef, r_c_shape, hint="R_x") + \
+            b.Expand(offset, r_c_shape, hint="R_t")
         r_y = b.Expand(y_coef, r_c_shape, hint="R_y")
         y = coords(k, "y")
         final = node.outputs[0] if compute_type == facts.theta_type else None

@@ -93,9 +93,10 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
     """The factored form: only the last Mul and Add (target ort, 2-D float32: one Conv) are
     output-sized; nothing is baked or looped. Shape nodes are not counted."""
     # coords per axis: Gather, Sub (1 - n), an integer Range, Cast (steps and n), Div;
-    # theta: Transpose, Unsqueeze, Split; R_c = x * a + t; R_y = Expand(b).
+    # theta: Transpose, Unsqueeze, Split; each column Expanded over W (R_x, R_t, R_y);
+    # R_c = x * R_x + R_t.
     ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1,
-                   "Unsqueeze": 2, "Split": 1, "Mul": 1, "Add": 1, "Expand": 1})
+                   "Unsqueeze": 2, "Split": 1, "Mul": 1, "Add": 1, "Expand": 3})
     if k == 2 and target == "ort" and dtype != np.float64:
         # L = (y, 1) as the weight of a 1x1 Conv over R = [R_y; R_c]: writes (N, H, W, 2).
         ops.update({"Concat": 1, "Unsqueeze": 1, "Pad": 1, "Conv": 1})
