@@ -17,9 +17,11 @@ Semantics are exactly ``torch.nn.functional.grid_sample`` (its CPU kernels):
 - X (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) -> (N, C, Do, Ho, Wo); bilinear, nearest;
 - grid[..., 0] indexes W, grid[..., 1] H, grid[..., 2] D; padding zeros/border/reflection;
 - the coordinate is unnormalized as torch does, ``(g + 1) * ((n - 1) / 2)`` (align_corners)
-  or ``(g + 1) * (n / 2) - 0.5``; border clips it to [0, n-1]; reflection reflects it, then
-  clips; nearest rounds half to even AFTER reflecting (as torch; ONNX Runtime's own kernel
-  differs at exact ties); bicubic (A = -0.75) pads each of its 4x4 taps, not the coordinate.
+  or ``(g + 1) * (n / 2) - 0.5`` (bilinear, bicubic: ``g * s + (s - 0.5)``, within an ulp,
+  which moves their results continuously); border clips it to [0, n-1]; reflection
+  reflects it, then clips; nearest rounds half to even AFTER reflecting (as torch; ONNX
+  Runtime's own kernel differs at exact ties); bicubic (A = -0.75) pads each of its 4x4
+  taps, not the coordinate.
 - NaN in the grid never crashes, and gives what torch's CPU kernels give: 2-D zeros padding
   NaN (bilinear, bicubic) or 0 (nearest); 2-D border/reflection sample coordinate 0 on that
   axis; 3-D zeros padding 0; 3-D border/reflection sample coordinate n-1 on that axis;
@@ -449,9 +451,11 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         b.Reshape(results[0], b.Concat(b.Shape(x, 0, 2), out_sizes, axis=0, hint="out_shape"),
                   hint="sampled", out=out)
     else:
-        b.Concat(*[b.Reshape(r, b.Concat(b.Shape(r, 0, 2), out_sizes, axis=0,
+        batch = b.Shape(x, 0, 1, hint="batch")
+        b.Concat(*[b.Reshape(r, b.Concat(batch, b.ints([count]), out_sizes, axis=0,
                                          hint="chunk_shape"), hint="sampled_chunk")
-                   for r in results], axis=1, hint="sampled_all", out=out)
+                   for r, count in zip(results, chunks, strict=True)],
+                 axis=1, hint="sampled_all", out=out)
 
 
 def channel_chunks(channels: int | None) -> list[int]:
@@ -492,16 +496,19 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         return np.asarray(values, dtype).reshape([len(values)] + [1] * (k - position))
 
     padded_linear = padded and facts.mode == "bilinear"
-    # torch's unnormalization, in its operation order (nearest ties depend on it); padded
-    # bilinear folds the shift onto the border into it (a 1-ulp difference in u moves the
-    # result continuously there).
-    if facts.align_corners:
-        u = (g + one) * (top * half)
-        if padded_linear:
-            u = u + np.asarray(PAD_BEFORE, dtype)
+    # torch's unnormalization: nearest in torch's operation order (its ties depend on it);
+    # bilinear and bicubic as g * scale + (scale - shift), one point-sized op fewer, with
+    # padded bilinear's shift onto the border folded in (u moves by an ulp at most, which
+    # moves their results continuously).
+    scale = top * half if facts.align_corners else n * half
+    if facts.mode != "nearest":
+        shift = (zero if facts.align_corners else half) - (
+            np.asarray(PAD_BEFORE, dtype) if padded_linear else zero)
+        u = g * scale + (scale - shift)
+    elif facts.align_corners:
+        u = (g + one) * scale
     else:
-        u = (g + one) * (n * half) - (half - np.asarray(PAD_BEFORE, dtype) if padded_linear
-                                      else half)
+        u = (g + one) * scale - half
 
     if facts.mode == "bicubic":
         # torch pads every tap, not the coordinate.
@@ -518,11 +525,15 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
             taps = _clamp(b, _finite(b, floor, -one) + tap_constant(shifted_offsets), zero,
                           padded_top, hint=f"taps{position}")
             return _Axis(position, taps, weights, None)
+        if facts.padding == "border":  # NaN replaced once per point, not per tap (the
+            # weights stay NaN); +-inf is clipped
+            taps = _finite(b, floor, zero) + tap_constant(offsets)
+            return _Axis(position, _clamp(b, taps, zero, top, hint=f"taps{position}"),
+                         weights, None)
         taps = floor + tap_constant(offsets)
         if facts.padding == "zeros":
             return _masked_taps(b, taps, weights, top, position, k)
-        if facts.padding == "reflection":
-            taps = _reflect(b, taps, n, top, facts.align_corners, dtype)
+        taps = _reflect(b, taps, n, top, facts.align_corners, dtype)
         taps = _clamp(b, _finite(b, taps, zero), zero, top, hint=f"taps{position}")
         return _Axis(position, taps, weights, None)
 
@@ -633,8 +644,9 @@ def _split(b: Builder, x: Value, sizes: list[int], axis: int, hint: str) -> list
     """
     starts = np.cumsum([0, *sizes[:-1]]).tolist()
     starts[0] = -sum(sizes)
-    return [b.Slice(x, [start], [start + size], [axis], hint=f"{hint}{number}")
-            for number, (start, size) in enumerate(zip(starts, sizes, strict=True))]
+    ends = np.cumsum(sizes).tolist()
+    return [b.Slice(x, [start], [end], [axis], hint=f"{hint}{number}")
+            for number, (start, end) in enumerate(zip(starts, ends, strict=True))]
 
 
 def _finite(b: Builder, u: Value, replacement: Any) -> Value:
