@@ -198,6 +198,10 @@ class _CumExtreme(Pattern):
                 [n if a == facts.axis else 1 for a in range(facts.rank)]), hint="from_end")
         else:
             from_end = b.Sub(positions, length, hint="from_end")
+            if n is None:
+                # -length at every position, not a (1,) tensor: onnx2tf's flatbuffer_direct
+                # lowers Where to LiteRT's SELECT, which refuses an operand of lower rank.
+                lowest = b.Sub(from_end, positions, hint="lowest_code_full")
         code = b.Where(b.Equal(key, running, hint="is_record"), from_end, lowest,
                        hint="record_code")
         code = b.Where(is_nan, positions, code, hint="code")

@@ -178,6 +178,29 @@ def cofactor_stages(n: int) -> list[ProductStage]:
     return [_stage(minors), _stage(entries)]
 
 
+def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: str,
+            shape: Value | None = None, out: str | None = None) -> Value:
+    """x read as a (rows, columns) matrix (one of the two may be None: -1), transposed:
+    (columns, rows), then reshaped to ``shape`` if given.
+
+    The swap is a Transpose (0, 1, 3, 2) of a (1, 1, rows, columns) view, not a 2-D
+    Transpose (1, 0): onnx2tf's tf_converter ignores the perm of a Transpose whose perm[0]
+    is not 0 and matches the output dims to the input's by size (equal sizes in order),
+    so a square swap, e.g. (B, n*n) with a batch of n*n, came out untouched; for perm[0] =
+    0 it keeps the perm, and it takes a (1, 1, R, C) view for channels-first only if
+    1 = R = C. The view goes back to 2-D before any reshape to ``shape``, whose 0 dims
+    (an empty batch) would otherwise copy the view's 1s. Reshapes are free on ONNX
+    Runtime."""
+    quad = b.Reshape(x, [1, 1, -1 if rows is None else rows,
+                         -1 if columns is None else columns], hint=f"{hint}_4d")
+    swapped = b.Transpose(quad, [0, 1, 3, 2], hint=f"{hint}_4d_t")
+    flat = b.Reshape(swapped, [-1 if columns is None else columns,
+                               -1 if rows is None else rows],
+                     hint=hint if shape is None else f"{hint}_2d",
+                     out=out if shape is None else None)
+    return flat if shape is None else b.Reshape(flat, shape, hint=hint, out=out)
+
+
 def _batch_last(b: Builder, a: Value, facts: MatrixFacts, flat: bool) -> Value:
     """(*, n, n) -> (n*n, *) if ``flat`` else (n, n, *).
 
@@ -222,13 +245,11 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     than the Where but leaves such a matrix at a mean of ``low`` or ``high``, where
     adj * (c / det) under- or overflows: inf or 100% errors at float32 entries of 1e+-30
     for n = 3, 4.)"""
-    n, m, dtype = facts.n, facts.rank - 2, facts.dtype
+    n, dtype = facts.n, facts.dtype
     if n == 1:
         inverse = b.Reciprocal(a, hint="inverse", out=None if batch_last else out)
-        return b.Transpose(inverse, [m, m + 1, *range(m)], hint="inverse_t") \
-            if batch_last else inverse
-    rows = b.Reshape(a, [-1, n * n], hint="A_rows")  # (B, n*n)
-    entries = b.Transpose(rows, [1, 0], hint="A_t")  # (n*n, B)
+        return b.Reshape(inverse, [1, -1], hint="inverse_t") if batch_last else inverse
+    entries = swap_2d(b, a, None, n * n, hint="A_t")  # (n*n, B)
     mean = b.MatMul(np.full((1, n * n), 1 / (n * n), dtype), b.Abs(entries, hint="A_abs"),
                     hint="A_abs_mean")  # (1, B): mean |A|
     # c is exactly 1 while mean |A| is within the bounds, so the common case is not rounded
@@ -248,15 +269,12 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
         inverse = _closed_form_rows(b, scaled, shrink, n)
     else:
         inverse = _closed_form_blocks(b, scaled, shrink, n, dtype)
-    if batch_last:  # (n, n, *) with A's own batch dims
-        shape = b.Concat(np.asarray([n, n], np.int64), b.Shape(a, 0, m, hint="A_batch"),
-                         axis=0, hint="inverse_t_shape")
-        return b.Reshape(inverse, shape, hint="inverse_t_3d")
-    # A 2-D Transpose and a Reshape: a 3-D Transpose from (n, n, *) straight into the
-    # output would save ONNX Runtime the Reshape's copy (5-10%), but onnx2tf's
-    # tf_converter mislays it.
-    return b.Reshape(b.Transpose(inverse, [1, 0], hint="inverse_rows"), b.Shape(a),
-                     hint="inverse", out=out)
+    if batch_last:  # (n*n, B)
+        return inverse
+    # A 2-D swap and a Reshape: a 3-D Transpose from (n, n, *) straight into the output
+    # would save ONNX Runtime the Reshape's copy (5-10%), but onnx2tf's tf_converter
+    # mislays it.
+    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a), out=out)
 
 
 def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int) -> Value:
@@ -366,7 +384,9 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
     inverse = b.Div(ordered, all_pivots, hint="inverse_t")  # (n, n, *)
     if info_out:
         _build_info(b, all_pivots, facts, info_out)
-    return inverse if batch_last else _batch_first(b, inverse, facts, out)
+    if batch_last:  # (n*n, B), as the closed form gives it
+        return b.Reshape(inverse, [n * n, -1], hint="inverse_t_2d")
+    return _batch_first(b, inverse, facts, out)
 
 
 def _build_info(b: Builder, all_pivots: Value, facts: MatrixFacts, out: str) -> Value:
@@ -397,7 +417,8 @@ def build_inverse(b: Builder, a: str, facts: MatrixFacts, out: str | None = None
 
     Without info, n <= 4 uses the closed form; with it, the elimination is used for every
     n, so that info reports the same zero pivot as LU. ``batch_last`` returns the inverse
-    as (n, n, *), * being A's batch dims (``out`` is then not written; n must be >= 1)."""
+    as (n*n, B), B being A's batch dims flattened, row i*n + j holding entry (i, j) (``out``
+    is then not written; n must be >= 1)."""
     value = b.input(a, facts.dtype)
     if facts.n == 0:
         if batch_last:

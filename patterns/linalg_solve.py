@@ -23,8 +23,10 @@ Before -> after::
     Solve(A, B)  ->  Ainv = inverse(A)        # linalg_inv's decomposition: closed form for
                                               # n <= 4, Gauss-Jordan with partial pivoting
                                               # above (and for linalg_solve_ex, for info)
-      B of A's batch dims, static n and k with n*n*k <= 256 (batch moved last):
-                     X = ReduceSum(Ainv[i, j, 1, *] * B[1, j, c, *], j)  # or B Ainv (left=0)
+      B of A's batch dims, static n and k with n*n*k <= 256, on 2-D (entries, batch)
+      tensors (batch dims flattened and moved last):
+                     X = (1, n) ones @ (Gather(Ainv, terms) * Gather(B, terms))
+                     # the n*n*k terms, j-major; B Ainv alike (left=0)
       otherwise:     X = Ainv @ B                                  # matrix B, left=1
                      X = Squeeze(Ainv @ Unsqueeze(B, -1), -1)       # vector B
                      X = B @ Ainv                                  # left=0
@@ -54,10 +56,11 @@ from .linalg_inv import (
     inverse_reference,
     lu_info_reference,
     matrix_facts,
+    swap_2d,
 )
 
 # Below this many multiply-adds per matrix (n * n * k), X = A^-1 B is computed with the
-# batch on the last axis by Mul + ReduceSum: ONNX Runtime's batched MatMul costs about
+# batch on the last axis by elementwise Mul and Add: ONNX Runtime's batched MatMul costs about
 # 0.5 us per matrix whatever its size (n = 3, k = 1, B = 100000: 46 ms against 3 ms).
 ELEMENTWISE_PRODUCT_MAX = 256
 
@@ -67,6 +70,7 @@ class SolveFacts(NamedTuple):
     left: bool
     vector: bool  # B is a (batch of) vector(s)
     batch_last: bool  # A and B have the same batch dims and the product is small
+    columns: int | None = None  # B's static k (left=1) or its rows (left=0); 1 for vectors
 
 
 def _constant_flag(node: MatchedNode, index: int, ctx: MatchContext, name: str,
@@ -149,7 +153,8 @@ class _SolvePattern(Pattern[SolveFacts]):
         batch_last = (same_batch and n > 0 and isinstance(rows, int)
                       and isinstance(columns, int)
                       and n * n * columns <= ELEMENTWISE_PRODUCT_MAX)
-        return SolveFacts(matrix, left, vector, batch_last)
+        return SolveFacts(matrix, left, vector, batch_last,
+                          columns if isinstance(columns, int) else None)
 
     def build(self, b: Builder, node: MatchedNode, facts: SolveFacts) -> None:
         outputs = node.outputs
@@ -189,26 +194,47 @@ class _SolvePattern(Pattern[SolveFacts]):
 
 def _product_batch_last(b: Builder, inverse: Value, rhs: Value, facts: SolveFacts,
                         out: str | None) -> Value:
-    """X = A^-1 B (or B A^-1) with A^-1 as (n, n, *) and B of A's batch dims *: B's batch
-    dims move last too, the product is a broadcast Mul and a ReduceSum over the shared
-    axis, and X's batch dims move back."""
-    m = facts.matrix.rank - 2  # = B's batch rank
-    if facts.vector:  # (*, n) -> (n, *); X[i] = sum_j inv[i, j] * rhs[j]
-        rhs_t = b.Transpose(rhs, [m, *range(m)], hint="B_t")
-        x_t = b.ReduceSum(inverse * b.Unsqueeze(rhs_t, [0], hint="B_t_row"), [1],
-                          keepdims=False, hint="X_t")  # (n, *)
-        back = [*range(1, m + 1), 0]
-    else:  # (*, r, c) -> (r, c, *)
-        rhs_t = b.Transpose(rhs, [m, m + 1, *range(m)], hint="B_t")
-        if facts.left:  # X[i, c] = sum_j inv[i, j] * rhs[j, c]
-            left_factor = b.Unsqueeze(inverse, [2], hint="inverse_t_4d")
-            right_factor = b.Unsqueeze(rhs_t, [0], hint="B_t_4d")
-        else:  # X[r, i] = sum_j rhs[r, j] * inv[j, i]
-            left_factor = b.Unsqueeze(rhs_t, [2], hint="B_t_4d")
-            right_factor = b.Unsqueeze(inverse, [0], hint="inverse_t_4d")
-        x_t = b.ReduceSum(left_factor * right_factor, [1], keepdims=False, hint="X_t")
-        back = [*range(2, m + 2), 0, 1]
-    return b.Transpose(x_t, back, hint="X", out=out)
+    """X = A^-1 B (or B A^-1) with A^-1 as (n*n, Bt) and B of A's batch dims (Bt of them
+    flattened): B's entries become rows of Bt values too (``swap_2d``), every term of the
+    product is a row of a Gather from each factor (no broadcast, no Concat), the terms of
+    each entry are summed by a (1, n) MatMul, and X's rows are swapped back into B's
+    shape.
+
+    Every tensor is 2-D (or a (1, 1, R, C) view for the swaps): the earlier batch-last
+    (n, n, k, Bt) Mul + ReduceSum with (*, n, k) <-> (n, k, *) Transposes came out wrong
+    from onnx2tf's tf_converter whenever two of those sizes were equal (it matches a
+    Transpose's dims by size, and takes a tensor whose dims after the first are equal
+    for channels-first; a form that multiplied a single row into a block of rows of the
+    other factor and concatenated the blocks had its Concat axis moved at k = B = n).
+    ONNX Runtime sums over an outer axis (ReduceSum) slower than this MatMul."""
+    n, k = facts.matrix.n, facts.columns
+    assert k is not None
+    size = n * k  # X's entries (and B's)
+    dtype = facts.matrix.dtype
+    rhs_t = swap_2d(b, rhs, None, size, hint="B_t")  # (n * k, Bt)
+    x_t = _blocks_product(b, inverse, rhs_t, n, k, facts.left, dtype)
+    return swap_2d(b, x_t, size, None, hint="X", shape=b.Shape(rhs, hint="B_shape"),
+                   out=out)
+
+
+def _blocks_product(b: Builder, inverse: Value, rhs_t: Value, n: int, k: int, left: bool,
+                    dtype: np.dtype) -> Value:
+    """All n * n * k terms at once: one row of a Gather from each factor, summed over j
+    by a (1, n) MatMul."""
+    size = n * k
+    if left:  # X[i, c] = sum_j inv[i, j] * rhs[j, c], rhs (n, k), a vector (n, 1)
+        first = [[i * n + j for i in range(n) for c in range(k)] for j in range(n)]
+        second = [[j * k + c for i in range(n) for c in range(k)] for j in range(n)]
+    else:  # X[r, i] = sum_j rhs[r, j] * inv[j, i], rhs (k, n)
+        first = [[j * n + i for r in range(k) for i in range(n)] for j in range(n)]
+        second = [[r * n + j for r in range(k) for i in range(n)] for j in range(n)]
+    products = b.Mul(b.Gather(inverse, np.asarray(first, np.int64).reshape(-1), axis=0,
+                              hint="inverse_terms"),
+                     b.Gather(rhs_t, np.asarray(second, np.int64).reshape(-1), axis=0,
+                              hint="B_terms"), hint="terms")  # (n * size, Bt), j-major
+    summed = b.MatMul(np.ones((1, n), dtype), b.Reshape(products, [n, -1], hint="terms_2d"),
+                      hint="X_t_flat")  # (1, size * Bt)
+    return b.Reshape(summed, [size, -1], hint="X_t")
 
 
 def solve_reference(a: np.ndarray, rhs: np.ndarray, left: bool = True) -> np.ndarray:

@@ -228,12 +228,13 @@ def test_native_form_needs_dim():
 
 
 def portability_cases():
-    """CumMax / CumMin (custom.ops) on float32 with ties, every dim dynamic; oracle:
-    torch.cummax / torch.cummin (values and indices)."""
+    """CumMax / CumMin (custom.ops) on float32 with ties, every dim dynamic, the last
+    feeds with a scan of length 1; oracle: torch.cummax / torch.cummin (values and
+    indices)."""
     cases = []
     for op, dim in [("cummax", 1), ("cummin", 0)]:
         xs = [np.random.default_rng(seed).integers(-3, 4, s).astype(np.float32)
-              for seed, s in enumerate([(3, 6), (4, 2)])]
+              for seed, s in enumerate([(3, 6), (4, 2), (2, 1) if dim else (1, 2)])]
         model = cum_model(op, "native", xs[0], dim, 17)
         cases.append({"id": f"{op} float32 dim={dim}", "model": model,
                       "feeds": [{"x": x} for x in xs],

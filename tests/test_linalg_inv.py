@@ -323,7 +323,8 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, module, n
 def portability_cases():
     """Inverse (custom.ops) of batched 3x3 matrices that need pivoting, batch dynamic; and
     the ATen linalg_inv form; n = 2 and 4 (closed forms on rows and on blocks of rows) in
-    the custom.ops form; oracle: torch.linalg.inv."""
+    the custom.ops form; the custom.ops cases also at a batch of n * n; oracle:
+    torch.linalg.inv."""
     rng = np.random.default_rng(5)
     sets = [needs_pivoting(rng, (2,), 3), needs_pivoting(rng, (4,), 3)]
     native = single_node_model_inverse(sets[0])
@@ -332,8 +333,14 @@ def portability_cases():
               "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5}
              for form, model, name in [("custom.ops", native, "input0"),
                                        ("aten", aten_model("linalg_inv", 3), "A")]]
+    sets.append(needs_pivoting(rng, (9,), 3))  # a batch of n * n (see below)
+    cases[0]["feeds"].append({"input0": sets[-1]})
+    cases[0]["expected"].append([torch_inverse(sets[-1])])
     for n in (2, 4):
-        sets = [needs_pivoting(rng, (2,), n), needs_pivoting(rng, (3,), n)]
+        # The last set's batch is n * n: onnx2tf's tf_converter took the (B, n*n) swap
+        # for an identity then (it matches a Transpose's dims by size).
+        sets = [needs_pivoting(rng, (2,), n), needs_pivoting(rng, (3,), n),
+                needs_pivoting(rng, (n * n,), n)]
         cases.append({"id": f"Inverse n={n} batched (custom.ops)",
                       "model": single_node_model_inverse(sets[0]),
                       "feeds": [{"input0": a} for a in sets],
