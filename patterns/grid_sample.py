@@ -45,9 +45,9 @@ padding are either clipped onto a zero border padded around X (static C below
 MIN_CHUNKED_CHANNELS: fewer point-sized ops) or masked (index 0, weight 0; nearest: Where on
 the result). Zeros padding of NaN keeps torch's NaN/0 (see above) both ways.
 Where it pays on ONNX Runtime (measured, see scripts/bench_grid_sample.py): a static C of 8+
-is gathered in channel chunks (Slices, one GatherElements + weighted sum each, Concat) so
-each chunk's taps stay in cache and the index is expanded once per chunk size; otherwise
-16+ taps (bicubic) are gathered one row of taps at a time and summed.
+is gathered in channel chunks (Slices, one GatherElements + weighted sum each, a rank-2
+Concat, one Reshape) so each chunk's taps stay in cache and the index is expanded once per
+chunk size; otherwise 16+ taps (bicubic) are gathered one row of taps at a time and summed.
 
 Envelope: opsets 11+; X and grid float16/32/64 (float16 computes in float32 and rounds
 once; mixed types compute in the wider one); every dim dynamic (batch, channels, input and
@@ -394,7 +394,7 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
     if valid is not None:
         valid = b.Reshape(valid, [0, 1, -1], hint="valid")  # (N, 1, P)
 
-    groups: list[tuple[Value, Value | None]] = []  # (index (N, 1, T*P), weights or None)
+    groups: list[tuple[Value, Value | None]] = []  # (index (N, 1, 1, T*P), weights or None)
     for first_index, first_weight in firsts:
         index: Value | None = first_index
         for term in index_terms[1:] if grouped else index_terms:
@@ -410,11 +410,14 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
             else:  # ... and (w_x * w_y) * w_z
                 weights = (rest[1] * rest[0]) * first
             weights = b.Reshape(weights, [0, 1, group_taps, -1], hint="weights")  # (N,1,T,P)
-        groups.append((b.Reshape(index, [0, 1, -1], hint="index_flat"), weights))
+        groups.append((b.Reshape(index, [0, 1, 1, -1], hint="index_flat"), weights))
 
     # Gather channel chunks, so that each chunk's taps stay in cache from GatherElements to
     # the weighted sum, and the index is expanded once, to one chunk's channels.
-    x_flat = b.Reshape(x, [0, 0, -1], hint="x_flat")  # (N, C, S)
+    # x as (N, C, 1, S), not (N, C, S): onnx2tf takes a rank-3+ tensor whose dims after the
+    # first are all equal ((N, C, S) with S == C, e.g. 16 channels of 4x4) for channels-last
+    # and moves its Slice axis (1 -> last), slicing S; the 1 keeps the dims unequal.
+    x_flat = b.Reshape(x, [0, 0, 1, -1], hint="x_flat")  # (N, C, 1, S)
     pieces = _split(b, x_flat, chunks, 1, "x_chunks") if len(chunks) > 1 else [x_flat]
     cast = facts.compute_type != facts.x_type
     results = []
@@ -424,15 +427,17 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         # a constant Expand shape against symbolic dims), a dynamic one by an Expand to the
         # count read from the chunk's shape.
         expand_shape = None if chunks else b.Concat(
-            b.ints([1]), b.Shape(piece, 1, 2), b.ints([1]), axis=0, hint="expand_shape")
+            b.ints([1]), b.Shape(piece, 1, 2), b.ints([1, 1]), axis=0, hint="expand_shape")
         parts = []
         for group_index, group_weights in groups:
             if expand_shape is None:
-                expanded = b.Tile(group_index, [1, chunks[number], 1], hint="index")
+                expanded = b.Tile(group_index, [1, chunks[number], 1, 1], hint="index")
             else:
                 expanded = b.Expand(group_index, expand_shape, hint="index")
-            gathered = b.GatherElements(piece, expanded, axis=2, hint="taps")
-            if group_weights is not None:  # (N, c, T, P) weighted, summed over T
+            gathered = b.GatherElements(piece, expanded, axis=3, hint="taps")  # (N,c,1,T*P)
+            if group_weights is None:
+                gathered = b.Reshape(gathered, [0, 0, -1], hint="taps_flat")
+            else:  # (N, c, T, P) weighted, summed over T
                 gathered = b.Reshape(gathered, [0, 0, group_taps, -1], hint="taps_by_tap")
                 gathered = b.ReduceSum(gathered * group_weights, [2], keepdims=False,
                                        hint="sampled")
@@ -445,17 +450,17 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
         if cast:
             sampled = b.Cast(sampled, facts.x_type, hint="sampled_cast")
         results.append(sampled)
-    # (N, c, P) -> (N, c, *out_sizes): the only run-time shapes. ONNX Runtime copies a
-    # Reshape that writes a graph output, so chunks are reshaped before their Concat (free).
+    # (N, c, P) chunks -> (N, C, *out_sizes): the only run-time shapes. The chunks are
+    # joined flat, (N, c*P) on axis 1, then reshaped once: onnx2tf takes a rank-3..5 Concat
+    # axis for channels-last and moves it (1 -> last) even after a Reshape that kept the
+    # ONNX layout, and only repairs that when the result's dims differ as a set (a 4-D
+    # (N, c, Ho, Wo) Concat with N == Wo came out (N, c, Ho, C)); a rank-2 axis is kept.
+    out_shape = b.Concat(b.Shape(x, 0, 2), out_sizes, axis=0, hint="out_shape")
     if len(results) == 1:
-        b.Reshape(results[0], b.Concat(b.Shape(x, 0, 2), out_sizes, axis=0, hint="out_shape"),
-                  hint="sampled", out=out)
+        b.Reshape(results[0], out_shape, hint="sampled", out=out)
     else:
-        batch = b.Shape(x, 0, 1, hint="batch")
-        b.Concat(*[b.Reshape(r, b.Concat(batch, b.ints([count]), out_sizes, axis=0,
-                                         hint="chunk_shape"), hint="sampled_chunk")
-                   for r, count in zip(results, chunks, strict=True)],
-                 axis=1, hint="sampled_all", out=out)
+        b.Reshape(b.Concat(*[b.Reshape(r, [0, -1], hint="sampled_chunk") for r in results],
+                           axis=1, hint="sampled_all"), out_shape, hint="sampled", out=out)
 
 
 def channel_chunks(channels: int | None) -> list[int]:
