@@ -345,6 +345,17 @@ def portability_cases():
                       "model": single_node_model_inverse(sets[0]),
                       "feeds": [{"input0": a} for a in sets],
                       "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5})
+    # The elimination (n = 5; and linalg_inv_ex at every n), at a batch of n too.
+    sets = [needs_pivoting(rng, (2,), 5), needs_pivoting(rng, (5,), 5)]
+    cases.append({"id": "Inverse n=5 batched, elimination (custom.ops)",
+                  "model": single_node_model_inverse(sets[0]),
+                  "feeds": [{"input0": a} for a in sets],
+                  "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5})
+    sets = [needs_pivoting(rng, (2,), 3), needs_pivoting(rng, (3,), 3)]
+    cases.append({"id": "linalg_inv_ex n=3 batched (aten)",
+                  "model": aten_model("linalg_inv_ex", 3),
+                  "feeds": [{"A": a} for a in sets],
+                  "expected": [list(torch_inverse_ex(a)) for a in sets], "atol": 1e-5})
     return cases
 
 
