@@ -20,7 +20,10 @@ Variants, all timed in one process, interleaved in a random order each round:
 With ``--gridsample`` the grid also feeds a GridSample, as in a real STN. With
 ``--openvino`` (when openvino is installed) the portable decomposed model and ONNX's
 AffineGrid-20 node also run on OpenVINO CPU (f32 precision hint, same thread count), timed
-interleaved with each other: the ``openvino`` column is their ratio. ``--rotation`` times
+interleaved with each other: the ``openvino`` column is their ratio. ``--sampler`` runs the
+GridSample section (``scripts/bench_grid_sample.py``: the GridSample pattern in every mode
+against ORT's native GridSample-16, and the seed STN decomposed at opset 11 against native
+nodes at 16). ``--rotation`` times
 Rot90AndScale decomposed (portable and ``ort`` targets) against a hand-written
 Slice + Transpose + Mul.
 
@@ -384,6 +387,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure Rot90AndScale against a bare Slice+Transpose")
     parser.add_argument("--openvino", action="store_true",
                         help="also time the portable form and AffineGrid-20 on OpenVINO")
+    parser.add_argument("--sampler", action="store_true",
+                        help="also run the GridSample section: the GridSample pattern in "
+                             "every mode against ORT's GridSample-16, and the seed STN at "
+                             "opset 11 against 16 (scripts/bench_grid_sample.py, 1 thread, "
+                             "CPU time, its own JSON)")
     parser.add_argument("--json", default="bench-results/bench.json")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
@@ -410,6 +418,12 @@ def main(argv: list[str] | None = None) -> int:
                 _print_table(results[-1:])
     print()
     _print_table(results)
+    if args.sampler:
+        import bench_grid_sample
+
+        print()
+        bench_grid_sample.main(["--rounds", str(rounds), "--cpu-time", "--json",
+                                str(Path(args.json).with_name("bench_grid_sample.json"))])
     rotation = []
     if args.rotation:
         for label, shape, k in ROTATION_CASES:
