@@ -418,6 +418,34 @@ def search_hand_count(sequence_shape, values_shape, dims=None) -> onnx.ModelProt
                     [info("y", TensorProto.INT64, [None] * rank)], 13, inits)
 
 
+def _bisection_steps(nodes: list, inits: list, position: str, top_level: int, dtype: Any,
+                     clamp: str | None = None) -> str:
+    """Append branchless lower-bound steps of 2**top_level .. 1 over ``s_pad`` and ``v``:
+    pos += step unless s_pad[pos + step] >= v (the probe first clamped to ``clamp`` if
+    given), positions in ``dtype``; returns the last position's name."""
+    onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    for level in range(top_level, -1, -1):
+        step = 2**level
+        inits.append(const(f"step{step}", dtype(step)))
+        probe = f"moved{step}"
+        nodes.append(helper.make_node("Add", [position, f"step{step}"], [probe]))
+        if clamp is not None:
+            nodes.append(helper.make_node("Min", [probe, clamp], [f"at{step}"]))
+            probe = f"at{step}"
+        nodes += [helper.make_node("GatherElements", ["s_pad", probe], [f"s{step}"], axis=-1),
+                  helper.make_node("GreaterOrEqual", [f"s{step}", "v"], [f"stop{step}"]),
+                  helper.make_node("Cast", [f"stop{step}"], [f"stop_i{step}"], to=onnx_type)]
+        if step > 1:
+            nodes += [helper.make_node("Mul", [f"stop_i{step}", f"step{step}"],
+                                       [f"back{step}"]),
+                      helper.make_node("Sub", [f"moved{step}", f"back{step}"], [f"pos{step}"])]
+        else:
+            nodes.append(helper.make_node("Sub", [f"moved{step}", f"stop_i{step}"],
+                                          [f"pos{step}"]))
+        position = f"pos{step}"
+    return position
+
+
 def search_hand_bisect_dynamic(sequence_shape, values_shape, dims,
                                depth: int = HAND_DYNAMIC_DEPTH) -> onnx.ModelProto:
     """A run-time-length lower bound by hand, no Loop/If (TVM and onnx2torch lack them): a
@@ -442,24 +470,7 @@ def search_hand_bisect_dynamic(sequence_shape, values_shape, dims,
              helper.make_node("Shape", ["v"], ["v_shape"]),
              helper.make_node("ConstantOfShape", ["v_shape"], ["pos_start"],
                               value=numpy_helper.from_array(np.zeros(1, np.int32)))]
-    position = "pos_start"
-    for level in range(depth - 1, -1, -1):
-        step = 2**level
-        inits.append(const(f"step{step}", np.int32(step)))
-        nodes += [helper.make_node("Add", [position, f"step{step}"], [f"moved{step}"]),
-                  helper.make_node("Min", [f"moved{step}", "guard"], [f"at{step}"]),
-                  helper.make_node("GatherElements", ["s_pad", f"at{step}"], [f"s{step}"],
-                                   axis=-1),
-                  helper.make_node("GreaterOrEqual", [f"s{step}", "v"], [f"stop{step}"]),
-                  helper.make_node("Cast", [f"stop{step}"], [f"stop_i{step}"], to=i32)]
-        if step > 1:
-            nodes += [helper.make_node("Mul", [f"stop_i{step}", f"step{step}"],
-                                       [f"back{step}"]),
-                      helper.make_node("Sub", [f"moved{step}", f"back{step}"], [f"pos{step}"])]
-        else:
-            nodes.append(helper.make_node("Sub", [f"moved{step}", f"stop_i{step}"],
-                                          [f"pos{step}"]))
-        position = f"pos{step}"
+    position = _bisection_steps(nodes, inits, "pos_start", depth - 1, np.int32, clamp="guard")
     nodes += [helper.make_node("Min", [position, "n"], ["y32"]),
               helper.make_node("Cast", ["y32"], ["y"], to=TensorProto.INT64)]
     sequence_dims, values_dims = dims
@@ -489,24 +500,7 @@ def search_hand_bisect(sequence_shape, values_shape) -> onnx.ModelProto:
               helper.make_node("Cast", ["stop_first"], ["stop_first_i"], to=TensorProto.INT64),
               helper.make_node("Mul", ["stop_first_i", f"step{first}"], ["back_first"]),
               helper.make_node("Sub", [f"step{first}", "back_first"], [f"pos{first}"])]
-    position = f"pos{first}"
-    for level in range(depth - 2, -1, -1):
-        step = 2**level
-        inits.append(const(f"step{step}", np.int64(step)))
-        nodes += [helper.make_node("Add", [position, f"step{step}"], [f"moved{step}"]),
-                  helper.make_node("GatherElements", ["s_pad", f"moved{step}"], [f"s{step}"],
-                                   axis=-1),
-                  helper.make_node("GreaterOrEqual", [f"s{step}", "v"], [f"stop{step}"]),
-                  helper.make_node("Cast", [f"stop{step}"], [f"stop_i{step}"],
-                                   to=TensorProto.INT64)]
-        if step > 1:
-            nodes += [helper.make_node("Mul", [f"stop_i{step}", f"step{step}"],
-                                       [f"back{step}"]),
-                      helper.make_node("Sub", [f"moved{step}", f"back{step}"], [f"pos{step}"])]
-        else:
-            nodes.append(helper.make_node("Sub", [f"moved{step}", f"stop_i{step}"],
-                                          [f"pos{step}"]))
-        position = f"pos{step}"
+    position = _bisection_steps(nodes, inits, f"pos{first}", depth - 2, np.int64)
     nodes.append(helper.make_node("Min", [position, "n"], ["y"]))
     return model_of(nodes, [info("s", F32, list(sequence_shape)),
                             info("v", F32, list(values_shape))],
