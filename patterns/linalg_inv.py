@@ -27,7 +27,10 @@ Before -> after::
         adj = signs @ (Gather(F, i') * Gather(adj, j'))   # the 3x3 cofactors
         det = ones @ (F[0, :] * adj[:, 0])                # along the first row
       inv = Reshape(Transpose(Concat(adj) * c / det), shape(A))
-    5 <= n <= 32, and every n for linalg_inv_ex (Gauss-Jordan, partial pivoting, unrolled):
+      linalg_inv_ex's info, from values the closed form has or gathers: flag_k = "every
+      k x k minor of columns 0..k-1 is zero" (column 0, the 2x2 minors of columns 0-1,
+      the cofactors C[i, n-1], det); info = the first k whose flag is set, else 0
+    5 <= n <= 32 (Gauss-Jordan, partial pivoting, unrolled):
       M = [A | I]; for each column k: pivot row p = argmax |M[:, k]| over rows not yet used;
       r = M[p, :] / M[p, k]; M = M - where(row is p, 0, M[:, k]) * r   (drop column k)
       inv = (rows p_0, p_1, ... of M) / (their pivots); info from the pivots
@@ -35,6 +38,11 @@ Before -> after::
 Singular input: torch.linalg.inv raises, a graph cannot. Here the result holds inf/NaN
 (adjugate / 0 in the closed form, division by the zero pivot in the elimination), and
 linalg_inv_ex's info says which pivot was zero, as torch's does; no crash, no hang.
+Both are computed in floating point, so for a matrix that is singular only up to rounding
+neither the graph nor LAPACK is exact: at n <= 4 the minors are exact for small-integer
+entries, where info is the exact first dependent column (LAPACK's own rounding leaves
+about 3% of exactly singular integer 4x4 matrices a tiny nonzero pivot: info 0 and a
+~1e7 inverse from torch, info 4 and inf here); above, the elimination rounds as LU does.
 
 Envelope: opsets 11+; float32/float64 (float16/bfloat16 are rejected, as torch rejects
 them); n must be static, 0 <= n <= 32 (the elimination is unrolled, about 15 nodes per
@@ -50,6 +58,7 @@ Outputs are reshaped to A's own shape (never through a -1), so shape-tracking en
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -179,9 +188,11 @@ def cofactor_stages(n: int) -> list[ProductStage]:
 
 
 def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: str,
-            shape: Value | None = None, out: str | None = None) -> Value:
+            shape: Value | None = None, batch_dims: Sequence[int | str | None] = (),
+            out: str | None = None) -> Value:
     """x read as a (rows, columns) matrix (one of the two may be None: -1), transposed:
-    (columns, rows), then reshaped to ``shape`` if given.
+    (columns, rows), then reshaped to ``shape`` if given (by ``reshape_batch_first``; the
+    leading dims of ``shape`` are the batch, whose static entries are ``batch_dims``).
 
     The swap is a Transpose (0, 1, 3, 2) of a (1, 1, rows, columns) view, not a 2-D
     Transpose (1, 0): onnx2tf's tf_converter ignores the perm of a Transpose whose perm[0]
@@ -198,7 +209,36 @@ def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: s
                                -1 if rows is None else rows],
                      hint=hint if shape is None else f"{hint}_2d",
                      out=out if shape is None else None)
-    return flat if shape is None else b.Reshape(flat, shape, hint=hint, out=out)
+    if shape is None:
+        return flat
+    return reshape_batch_first(b, flat, shape, batch_dims, hint=hint, out=out)
+
+
+def reshape_batch_first(b: Builder, flat: Value, shape: Value,
+                        batch_dims: Sequence[int | str | None], hint: str,
+                        out: str | None = None) -> Value:
+    """``flat``, (B, K) or (B,) with B the product of the batch dims, reshaped to
+    ``shape``, a run-time shape whose leading dims are the batch dims (static entries
+    ``batch_dims``) and whose remaining dims are nonzero.
+
+    Reshape's 0 copies the input's dim at the same index (allowzero, which would mean a
+    literal 0, is refused by onnx2torch), so an empty batch such as (2, 0) or (0, 0) must
+    reach the Reshape as an input whose dims are 0 wherever the target's may be: with at
+    most one batch dim, or batch dims that are static and nonzero after the first, the
+    target's only possible 0 is at index 0, where it copies B (0 too); otherwise the input
+    is first viewed as (B, m, ..., m, K) with m = min(B, 1) (a Slice of an Unsqueeze:
+    (B, 1, ..., 1, K) when B > 0, all 0 when B = 0). The Slice copies, so it is only
+    emitted for dynamic batches of rank >= 2."""
+    if all(isinstance(dim, int) and dim > 0 for dim in batch_dims[1:]):
+        return b.Reshape(flat, shape, hint=hint, out=out)
+    middle = list(range(1, len(batch_dims)))
+    widened = b.Unsqueeze(flat, middle, hint=f"{hint}_widened")  # (B, 1, ..., 1[, K])
+    count = b.Shape(flat, 0, 1, hint=f"{hint}_count")  # [B]
+    nonempty = b.Min(count, np.ones(1, np.int64), hint=f"{hint}_nonempty")  # [min(B, 1)]
+    ends = b.Concat(*[nonempty] * len(middle), axis=0, hint=f"{hint}_ends") \
+        if len(middle) > 1 else nonempty
+    view = b.Slice(widened, [0] * len(middle), ends, middle, hint=f"{hint}_view")
+    return b.Reshape(view, shape, hint=hint, out=out)
 
 
 def _batch_last(b: Builder, a: Value, facts: MatrixFacts, flat: bool) -> Value:
@@ -223,7 +263,7 @@ def _batch_first(b: Builder, x: Value, facts: MatrixFacts, out: str | None) -> V
 
 
 def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None,
-                       batch_last: bool) -> Value:
+                       info_out: str | None, batch_last: bool) -> Value:
     """inv = adj(A) / det(A) for n <= 4, on A's entries laid out (n*n, B).
 
     With the batch on the last axis every row of entries is a contiguous run of B values.
@@ -247,6 +287,8 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     for n = 3, 4.)"""
     n, dtype = facts.n, facts.dtype
     if n == 1:
+        if info_out:
+            _info_from_flags(b, [b.Equal(a, 0.0, hint="zero_matrix")], a, facts, info_out)
         inverse = b.Reciprocal(a, hint="inverse", out=None if batch_last else out)
         return b.Reshape(inverse, [1, -1], hint="inverse_t") if batch_last else inverse
     entries = swap_2d(b, a, None, n * n, hint="A_t")  # (n*n, B)
@@ -266,19 +308,27 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     scaled = b.Mul(entries, shrink, hint="A_scaled")  # F = c A
     # With F = c A: inv(A) = adj(F) * c / det(F), as (n*n, B)
     if n <= 3:
-        inverse = _closed_form_rows(b, scaled, shrink, n)
+        inverse, flags = _closed_form_rows(b, scaled, shrink, n, bool(info_out))
     else:
-        inverse = _closed_form_blocks(b, scaled, shrink, n, dtype)
+        inverse, flags = _closed_form_blocks(b, scaled, shrink, n, dtype, bool(info_out))
+    if info_out:
+        # F keeps A's zeros (c is finite and nonzero), except for A = 0, whose mean makes c
+        # inf and F NaN: column 0 is zero there too.
+        flags[0] = b.Or(flags[0], b.Equal(mean, 0.0, hint="A_zero"), hint="dependent1_any")
+        _info_from_flags(b, flags, a, facts, info_out)
     if batch_last:  # (n*n, B)
         return inverse
     # A 2-D swap and a Reshape: a 3-D Transpose from (n, n, *) straight into the output
     # would save ONNX Runtime the Reshape's copy (5-10%), but onnx2tf's tf_converter
     # mislays it.
-    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a), out=out)
+    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a),
+                   batch_dims=facts.shape[:-2], out=out)
 
 
-def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int) -> Value:
-    """n = 2, 3 on single rows: F = c A as (n*n, B) -> inv(A) as (n*n, B)."""
+def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int, with_info: bool
+                      ) -> tuple[Value, list[Value]]:
+    """n = 2, 3 on single rows: F = c A as (n*n, B) -> inv(A) as (n*n, B), and with
+    ``with_info`` the dependence flags of ``_info_from_flags`` (else [])."""
     # Gathers, not one Split: onnx2tf's tf_converter lowers a Split to SplitV, which LiteRT
     # runs only with the Flex delegate. (And ONNX Runtime's transpose optimizer, given a
     # Split, moves the output Transpose up through these ops and turns the Split batch-first
@@ -288,10 +338,12 @@ def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int) -> Value
         det = b.Sub(b.Mul(f[0], f[3], hint="ad"), b.Mul(f[1], f[2], hint="bc"), hint="det")
         factor = b.Div(shrink, det, hint="det_inv")  # c / det(F)
         negated = b.Neg(factor, hint="det_inv_neg")
-        return b.Concat(b.Mul(f[3], factor, hint="inverse_00"),
-                        b.Mul(f[1], negated, hint="inverse_01"),
-                        b.Mul(f[2], negated, hint="inverse_10"),
-                        b.Mul(f[0], factor, hint="inverse_11"), axis=0, hint="inverse_t")
+        inverse = b.Concat(b.Mul(f[3], factor, hint="inverse_00"),
+                           b.Mul(f[1], negated, hint="inverse_01"),
+                           b.Mul(f[2], negated, hint="inverse_10"),
+                           b.Mul(f[0], factor, hint="inverse_11"), axis=0, hint="inverse_t")
+        # column 0 is zero; det is zero
+        return inverse, _all_zero_flags(b, [[f[0], f[2]], [det]]) if with_info else []
     # n = 3: the cyclic cofactors, C[i, j] = F[i+1, j+1] F[i+2, j+2] - F[i+1, j+2] F[i+2, j+1]
     (stage,) = cofactor_stages(3)  # first/second: (2 terms, 9 entries); term signs (+1, -1)
     adj = [b.Sub(b.Mul(f[stage.first[0, e]], f[stage.second[0, e]], hint=f"adj{e}_plus"),
@@ -300,13 +352,17 @@ def _closed_form_rows(b: Builder, scaled: Value, shrink: Value, n: int) -> Value
     # det = sum_j F[0, j] * adj[j, 0], along the first row
     det = b.Add(b.Add(b.Mul(f[0], adj[0], hint="det0"), b.Mul(f[1], adj[3], hint="det1"),
                       hint="det01"), b.Mul(f[2], adj[6], hint="det2"), hint="det")
-    return b.Mul(b.Concat(*adj, axis=0, hint="adj"), b.Div(shrink, det, hint="det_inv"),
-                 hint="inverse_t")
+    inverse = b.Mul(b.Concat(*adj, axis=0, hint="adj"), b.Div(shrink, det, hint="det_inv"),
+                    hint="inverse_t")
+    # column 0; the 2x2 minors of columns (0, 1) are the cofactors C[i, 2] (adj[2, i]); det
+    return inverse, (_all_zero_flags(b, [[f[0], f[3], f[6]], adj[6:9], [det]]) if with_info
+                     else [])
 
 
 def _closed_form_blocks(b: Builder, scaled: Value, shrink: Value, n: int,
-                        dtype: np.dtype) -> Value:
-    """n = 4 on blocks of rows: F = c A as (n*n, B) -> inv(A) as (n*n, B)."""
+                        dtype: np.dtype, with_info: bool) -> tuple[Value, list[Value]]:
+    """n = 4 on blocks of rows: F = c A as (n*n, B) -> inv(A) as (n*n, B), and with
+    ``with_info`` the dependence flags of ``_info_from_flags`` (else [])."""
     batch = b.Shape(scaled, 1, 2, hint="batch")  # [B]
     adj = scaled
     for index, stage in enumerate(cofactor_stages(n)):
@@ -327,7 +383,63 @@ def _closed_form_blocks(b: Builder, scaled: Value, shrink: Value, n: int,
     first_row = b.Gather(scaled, list(range(n)), axis=0, hint="F_row0")  # (n, B)
     first_col = b.Gather(adj, [j * n for j in range(n)], axis=0, hint="adj_col0")
     det = b.MatMul(np.ones((1, n), dtype), first_row * first_col, hint="det")  # (1, B)
-    return b.Mul(adj, b.Div(shrink, det, hint="det_inv"), hint="inverse_t")
+    inverse = b.Mul(adj, b.Div(shrink, det, hint="det_inv"), hint="inverse_t")
+    if not with_info:
+        return inverse, []
+    # Column 0, the six 2x2 minors of columns (0, 1), the four 3x3 minors of columns
+    # (0, 1, 2) (the cofactors C[i, 3], adj[3, i]) and det, each (k, B): a block is all
+    # zero when the sum of its |entries| is (a sum of finite non-negative numbers is 0 only
+    # if each is; a NaN or inf keeps it nonzero). The sums are MatMuls with ones, since ONNX
+    # Runtime reduces over an outer axis 5-10x slower.
+    row_pairs = list(itertools.combinations(range(n), 2))
+    minors01 = b.Sub(
+        b.Gather(scaled, [r * n for r, _ in row_pairs], axis=0, hint="col0_top") *
+        b.Gather(scaled, [s * n + 1 for _, s in row_pairs], axis=0, hint="col1_bottom"),
+        b.Gather(scaled, [r * n + 1 for r, _ in row_pairs], axis=0, hint="col1_top") *
+        b.Gather(scaled, [s * n for _, s in row_pairs], axis=0, hint="col0_bottom"),
+        hint="minors01")  # (6, B)
+    blocks = [b.Gather(scaled, [i * n for i in range(n)], axis=0, hint="col0"), minors01,
+              b.Gather(adj, [3 * n + i for i in range(n)], axis=0, hint="minors012")]
+    flags = [b.Equal(b.MatMul(np.ones((1, block_rows), dtype), b.Abs(block, hint=f"flag{k}_abs"),
+                              hint=f"flag{k}_sum"), 0.0, hint=f"dependent{k + 1}")
+             for k, (block, block_rows) in enumerate(zip(blocks, (n, len(row_pairs), n),
+                                                         strict=True))]
+    return inverse, [*flags, b.Equal(det, 0.0, hint=f"dependent{n}")]
+
+
+def _all_zero_flags(b: Builder, groups: list[list[Value]]) -> list[Value]:
+    """For each group of (1, B) rows, a (1, B) bool: every row is zero there."""
+    flags = []
+    for k, rows in enumerate(groups):
+        flag = b.Equal(rows[0], 0.0, hint=f"dependent{k + 1}")
+        for index, row in enumerate(rows[1:], 1):
+            flag = b.And(flag, b.Equal(row, 0.0, hint=f"dependent{k + 1}_{index}"),
+                         hint=f"dependent{k + 1}")
+        flags.append(flag)
+    return flags
+
+
+def _info_from_flags(b: Builder, flags: list[Value], a: Value, facts: MatrixFacts,
+                     out: str) -> Value:
+    """LAPACK's info from dependence flags, (1, B) bools: ``flags[k-1]`` says the first k
+    columns of A are linearly dependent (every k x k minor of them is zero). In exact
+    arithmetic the LU with partial pivoting meets its first zero pivot at the first such
+    k, so info = the first k whose flag is set, else 0.
+
+    Computed as v = n * y_n, then v = v + y_k (k - v) for k = n-1 .. 1 (y_k the flag as
+    int32): integer arithmetic, not Where with a constant branch, which LiteRT's SELECT
+    (onnx2tf) refuses; and the first flag wins even where NaN breaks the flags' nesting."""
+    n = facts.n
+    flag_ints = [b.Cast(flag, TensorProto.INT32, hint=f"dependent{k + 1}_i")
+                 for k, flag in enumerate(flags)]
+    info = flag_ints[-1] if n == 1 else b.Mul(flag_ints[-1], np.int32(n), hint=f"info{n}")
+    for k in range(n - 1, 0, -1):
+        step = b.Mul(flag_ints[k - 1], b.Sub(np.int32(k), info, hint=f"info{k}_gap"),
+                     hint=f"info{k}_step")
+        info = b.Add(info, step, hint=f"info{k}")
+    info = b.Reshape(info, [-1], hint="info_flat")  # (B,): a Reshape of (1, B) would copy 1
+    return reshape_batch_first(b, info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
+                               hint="info", out=out)
 
 
 # -- Gauss-Jordan elimination ---------------------------------------------------------------
@@ -415,8 +527,8 @@ def build_inverse(b: Builder, a: str, facts: MatrixFacts, out: str | None = None
                   info_out: str | None = None, batch_last: bool = False) -> Value:
     """Emit ``A^-1`` (into ``out``) and, if ``info_out`` is given, LAPACK's info into it.
 
-    Without info, n <= 4 uses the closed form; with it, the elimination is used for every
-    n, so that info reports the same zero pivot as LU. ``batch_last`` returns the inverse
+    n <= 4 uses the closed form (info from its minors: ``_info_from_flags``), larger n the
+    elimination (info from its pivots). ``batch_last`` returns the inverse
     as (n*n, B), B being A's batch dims flattened, row i*n + j holding entry (i, j) (``out``
     is then not written; n must be >= 1)."""
     value = b.input(a, facts.dtype)
@@ -424,8 +536,8 @@ def build_inverse(b: Builder, a: str, facts: MatrixFacts, out: str | None = None
         if batch_last:
             raise ValueError("batch_last needs n >= 1")
         return _build_empty(b, value, facts, out, info_out)
-    if facts.n <= CLOSED_FORM_MAX_N and not info_out:
-        return _build_closed_form(b, value, facts, out, batch_last)
+    if facts.n <= CLOSED_FORM_MAX_N:
+        return _build_closed_form(b, value, facts, out, info_out, batch_last)
     return _build_gauss_jordan(b, value, facts, out, info_out, batch_last)
 
 

@@ -214,7 +214,7 @@ def _product_batch_last(b: Builder, inverse: Value, rhs: Value, facts: SolveFact
     rhs_t = swap_2d(b, rhs, None, size, hint="B_t")  # (n * k, Bt)
     x_t = _blocks_product(b, inverse, rhs_t, n, k, facts.left, dtype)
     return swap_2d(b, x_t, size, None, hint="X", shape=b.Shape(rhs, hint="B_shape"),
-                   out=out)
+                   batch_dims=facts.matrix.shape[:-2], out=out)
 
 
 def _blocks_product(b: Builder, inverse: Value, rhs_t: Value, n: int, k: int, left: bool,

@@ -107,9 +107,13 @@ def inverse_custom(n: int, form: str = "Inverse") -> onnx.ModelProto:
                   domains=("org.pytorch.aten",))
 
 
-def _hand_closed_form(g: Graph, a: str, n: int, batch_last: bool = False) -> str:
+def _hand_closed_form(g: Graph, a: str, n: int, batch_last: bool = False,
+                      with_info: bool = False) -> str:
     """adj / det without the overflow scaling, batch-last like decomposer's: n = 2, 3 on
-    single rows of B values, n = 4 on gathered blocks of rows."""
+    single rows of B values, n = 4 on gathered blocks of rows. ``with_info`` (n = 2, 3)
+    also emits linalg_inv_ex's info as output "info", the leanest way: zero flags z_k for
+    column 0, the cofactors of the last column (n = 3) and det, and info = y_n (n -
+    sum_{k<n} y_k) (y = int32 flags; right when the flags nest, as they do for finite A)."""
     from decomposer.patterns.linalg_inv import cofactor_stages
 
     entries = g.op("Transpose", g.op("Reshape", a, g.const([-1, n * n], np.int64)),
@@ -130,6 +134,19 @@ def _hand_closed_form(g: Graph, a: str, n: int, batch_last: bool = False) -> str
             det = g.op("Add", g.op("Add", g.op("Mul", f[0], adj[0]), g.op("Mul", f[1], adj[3])),
                        g.op("Mul", f[2], adj[6]))
             inverse = g.op("Div", g.op("Concat", *adj, axis=0), det)
+        if with_info:
+            def all_zero(rows: list[str]) -> str:
+                flag = g.op("Equal", rows[0], g.const(0.0, np.float32))
+                for row in rows[1:]:
+                    flag = g.op("And", flag, g.op("Equal", row, g.const(0.0, np.float32)))
+                return g.op("Cast", flag, to=TensorProto.INT32)
+
+            groups = [[f[0], f[2]], [det]] if n == 2 else [[f[0], f[3], f[6]], adj[6:9], [det]]
+            flags = [all_zero(rows) for rows in groups]
+            earlier = flags[0] if n == 2 else g.op("Add", flags[0], flags[1])
+            info = g.op("Mul", flags[-1], g.op("Sub", g.const(n, np.int32), earlier))
+            g.op("Reshape", info, g.const([-1], np.int64))
+            g.nodes[-1].output[0] = "info"
     else:
         adj = entries
         for stage in cofactor_stages(n):
@@ -189,6 +206,17 @@ def _hand_gauss_jordan(g: Graph, a: str, n: int, batch_last: bool = False) -> st
     if batch_last:
         return ordered
     return g.op("Reshape", g.op("Transpose", ordered, perm=[2, 0, 1]), g.op("Shape", a))
+
+
+def inverse_ex_hand(n: int) -> onnx.ModelProto:
+    """The hand-written inverse with linalg_inv_ex's info (n = 2, 3)."""
+    g = Graph()
+    _hand_closed_form(g, "A", n, with_info=True)
+    g.nodes[-1].output[0] = "X"
+    return _model(g.nodes, [_float("A", ["B", n, n])],
+                  [_float("X", [None] * 3),
+                   helper.make_tensor_value_info("info", TensorProto.INT32, [None])],
+                  domains=())
 
 
 def inverse_hand(n: int, columns: int | None = None) -> onnx.ModelProto:
@@ -323,6 +351,10 @@ def _measure(label: str, threads: int, rounds: int, variants: dict[str, Callable
              baseline: str, extra: dict) -> dict:
     """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
     repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
+    if "decomposer_ex" in times and "hand_ex" in times:  # like for like: both give info
+        extra = {**extra, "ex_vs_hand_ex": statistics.median(
+            ex / hand for ex, hand in zip(times["decomposer_ex"], times["hand_ex"],
+                                          strict=True))}
     return {"case": label, "threads": threads, "rounds": rounds, "baseline": baseline,
             "repeats": repeats,
             "median_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
@@ -344,17 +376,20 @@ def bench_inverse(n: int, batch: int, threads: int, rounds: int) -> dict:
     ex_model = decomposer.decompose(inverse_custom(n, "ex"))
     variants: dict[str, Callable[[], object]] = {
         "decomposer": OrtRunner(decomposer.decompose(inverse_custom(n)), feeds, threads),
-        # linalg_inv_ex: time the inverse alone, like the others (info is a second output).
-        "decomposer_ex": OrtRunner(ex_model, feeds, threads,
-                                   outputs=[ex_model.graph.output[0].name]),
+        # linalg_inv_ex fetches both outputs, inverse and info; its ratio to "hand" is to a
+        # graph without info, and "hand_ex" (n = 2, 3) is the hand inverse with info.
+        "decomposer_ex": OrtRunner(ex_model, feeds, threads),
         "hand": OrtRunner(inverse_hand(n), feeds, threads),
         "contrib": OrtRunner(inverse_contrib(n), feeds, threads)}
+    if n in (2, 3):
+        variants["hand_ex"] = OrtRunner(inverse_ex_hand(n), feeds, threads)
     torch.set_num_threads(threads)
     a_t = torch.from_numpy(a)
     variants["torch_eager"] = lambda: torch.linalg.inv(a_t)
     want = torch.linalg.inv(a_t.double()).numpy()
-    for name in ("decomposer", "decomposer_ex", "hand"):
-        _check(variants[name].result(), want, f"inverse n={n} {name}", 1e-3)  # type: ignore
+    for name in ("decomposer", "decomposer_ex", "hand", "hand_ex"):
+        if name in variants:
+            _check(variants[name].result(), want, f"inverse n={n} {name}", 1e-3)  # type: ignore
     return _measure(f"inverse n={n} batch={batch}", threads, rounds, variants, "hand",
                     {"n": n, "batch": batch})
 
@@ -424,6 +459,8 @@ def _print_table(title: str, results: list[dict]) -> None:
     for r in results:
         cells = [f"{r['ratio_to_baseline'][n]:.2f}x" if n in r["ratio_to_baseline"] else "-"
                  for n in names]
+        if "ex_vs_hand_ex" in r:
+            cells[names.index("decomposer_ex")] += f" ({r['ex_vs_hand_ex']:.2f}x hand_ex)"
         print(f"| {r['case']} | {r['threads']} | {r['median_ms']['hand']:.3f} | "
               f"{' | '.join(cells)} |")
 

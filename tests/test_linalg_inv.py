@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import warnings
+from fractions import Fraction
 
 import numpy as np
 import onnx
@@ -211,6 +212,79 @@ def test_singular_matrices_give_nonfinite_values_and_torchs_info(matrix):
     np.testing.assert_array_equal(info, want_info)
 
 
+def first_dependent_column(matrix: np.ndarray) -> int:
+    """Exact rational arithmetic (independent of floats and of LAPACK): the smallest k
+    whose first k columns are linearly dependent, 0 if none. In exact arithmetic that is
+    where LU with partial pivoting meets its first zero pivot: LAPACK's info."""
+    rows = [[Fraction(int(x)) for x in row] for row in matrix]
+    n, used = len(rows), set()
+    for k in range(n):  # eliminate column k with any unused row holding a nonzero
+        pivot = next((r for r in range(n) if r not in used and rows[r][k] != 0), None)
+        if pivot is None:
+            return k + 1
+        used.add(pivot)
+        for r in range(n):
+            if r not in used:
+                factor = rows[r][k] / rows[pivot][k]
+                rows[r] = [x - factor * y for x, y in zip(rows[r], rows[pivot], strict=True)]
+    return 0
+
+
+def dependent_integer_matrices(rng: np.random.Generator, count: int, n: int) -> np.ndarray:
+    """Small-integer matrices, half of them with a column made dependent on earlier ones
+    (zero, a multiple of one, or the sum of all): every info from 0 to n occurs."""
+    a = rng.integers(-2, 3, size=(count, n, n)).astype(np.float64)
+    for index in range(0, count, 2):
+        k = rng.integers(0, n)
+        if k == 0:
+            a[index, :, 0] = 0
+        elif rng.random() < 0.5:
+            a[index, :, k] = a[index, :, :k].sum(-1)
+        else:
+            a[index, :, k] = a[index, :, rng.integers(0, k)] * rng.integers(-2, 3)
+    return a
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 2, 3, 4])
+def test_closed_form_info_is_the_first_dependent_column(n, dtype):
+    """n <= 4: info comes from the closed form's minors (column 0, the 2x2 and 3x3 minors
+    of the leading columns, det), exact for integer entries this small. Against exact
+    rational elimination; and torch, wherever its LU reports a zero pivot, agrees (its
+    rounding can also leave an exactly singular 4x4 matrix a tiny nonzero last pivot:
+    info 0 there, and a ~1e7 inverse)."""
+    a = dependent_integer_matrices(np.random.default_rng(n), 600, n).astype(dtype)
+    want = np.array([first_dependent_column(m) for m in a], np.int32)
+    assert len(set(want.tolist())) == n + 1  # the premise: every info value occurs
+    out = decomposer.decompose(aten_model("linalg_inv_ex", n, dtype=dtype))
+    inverse, info = run_onnxruntime(out, {"A": a})
+    np.testing.assert_array_equal(info, want)
+    _, torch_info = torch_inverse_ex(a)
+    reported = torch_info > 0
+    np.testing.assert_array_equal(info[reported], torch_info[reported])
+    regular = want == 0
+    np.testing.assert_allclose(inverse[regular], torch_inverse(a[regular]),
+                               **tolerances(dtype))
+    assert not np.isfinite(inverse[~regular]).all(axis=(1, 2)).any()  # inf/NaN, as documented
+
+
+@pytest.mark.parametrize("operator", ["linalg_inv", "linalg_inv_ex"])
+@pytest.mark.parametrize("n", [1, 2, 4, 5])
+def test_empty_batch_dims_anywhere(operator, n):
+    """A batch with a 0 dim after the first: Reshape's 0 copies the input's dim, so the
+    flattened result must reach the last Reshape with 0s in the right places ((0, 0)
+    came out (0, n*n, n, n), (2, 0) failed, before)."""
+    out = decomposer.decompose(aten_model(operator, n, batch=("B", "C")))
+    for batch in [(2, 0), (0, 2), (0, 0), (2, 3)]:
+        a = needs_pivoting(np.random.default_rng(1), batch, n)
+        got = run_onnxruntime(out, {"A": a})
+        assert got[0].shape == a.shape
+        np.testing.assert_allclose(got[0], torch_inverse(a), atol=1e-5, rtol=1e-4)
+        if operator == "linalg_inv_ex":
+            np.testing.assert_array_equal(got[1], torch_inverse_ex(a)[1])
+            assert got[1].shape == batch
+
+
 def test_zero_size_matrices():
     """torch accepts 0 x 0 matrices: the inverse is empty and info is 0."""
     for operator in ("linalg_inv", "linalg_inv_ex"):
@@ -345,7 +419,7 @@ def portability_cases():
                       "model": single_node_model_inverse(sets[0]),
                       "feeds": [{"input0": a} for a in sets],
                       "expected": [[torch_inverse(a)] for a in sets], "atol": 1e-5})
-    # The elimination (n = 5; and linalg_inv_ex at every n), at a batch of n too.
+    # The elimination (n = 5), at a batch of n too.
     sets = [needs_pivoting(rng, (2,), 5), needs_pivoting(rng, (5,), 5)]
     cases.append({"id": "Inverse n=5 batched, elimination (custom.ops)",
                   "model": single_node_model_inverse(sets[0]),
@@ -356,6 +430,26 @@ def portability_cases():
                   "model": aten_model("linalg_inv_ex", 3),
                   "feeds": [{"A": a} for a in sets],
                   "expected": [list(torch_inverse_ex(a)) for a in sets], "atol": 1e-5})
+    # info from the closed form's minors: a batch whose singular matrices give info 1-4
+    # (only the regular ones' inverses are compared: torch's LU and the adjugate give
+    # different non-finite values for the others).
+    singular = np.array([np.zeros((4, 4)),  # info 1
+                         [[1, 2, 0, 1], [2, 4, 1, 0], [0, 0, 1, 1], [1, 2, 1, 0]],  # 2
+                         [[1, 0, 1, 2], [0, 1, 1, 0], [1, 1, 2, 1], [2, 0, 2, 1]],  # 3
+                         [[1, 0, 0, 1], [0, 1, 0, 1], [0, 0, 1, 1], [1, 1, 1, 3]]],  # 4
+                        np.float32)
+    mixed = np.concatenate([singular, needs_pivoting(rng, (2,), 4)])
+    inverse, info = torch_inverse_ex(mixed)
+    assert info.tolist() == [1, 2, 3, 4, 0, 0]  # the premise
+    model = aten_model("linalg_inv_ex", 4)
+    model.graph.node.append(helper.make_node("Slice", ["X", "four", "end", "zero"],
+                                             ["X_regular"], name="regular_rows"))
+    model.graph.initializer.extend(onnx.numpy_helper.from_array(np.array([v], np.int64),
+                                                                name)
+                                   for name, v in [("four", 4), ("end", 2**62), ("zero", 0)])
+    model.graph.output[0].name = "X_regular"
+    cases.append({"id": "linalg_inv_ex n=4, singular and regular (aten)", "model": model,
+                  "feeds": [{"A": mixed}], "expected": [[inverse[4:], info]], "atol": 1e-5})
     return cases
 
 

@@ -341,3 +341,22 @@ def portability_cases():
         cases.append({"id": label, "model": model, "feeds": [{"input0": a, "input1": b}],
                       "expected": [[torch_solve(a, b, **attrs)]], "atol": 1e-5})
     return cases
+
+
+@pytest.mark.parametrize("operator", ["linalg_solve", "linalg_solve_ex"])
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_empty_batch_dims_anywhere(operator, n):
+    """Batches of rank 2 with a 0 dim after the first ((2, 0) failed, (0, 0) came out with
+    the wrong shape while the result went back through Reshape's copy-the-input's-dim 0)."""
+    out = decomposer.decompose(solve_model("fallthrough", n, operator=operator,
+                                           a_dims=["B", "C", n, n], b_dims=("B", "C", n, 2)))
+    rng = np.random.default_rng(3)
+    for batch in [(2, 0), (0, 2), (0, 0), (2, 3)]:
+        a = (rng.normal(size=(*batch, n, n)) + 3 * np.eye(n)).astype(np.float32)
+        rhs = rng.normal(size=(*batch, n, 2)).astype(np.float32)
+        got = run_onnxruntime(out, {"A": a, "Bm": rhs})
+        want, want_info = torch.linalg.solve_ex(torch.from_numpy(a), torch.from_numpy(rhs))
+        assert got[0].shape == want.shape
+        np.testing.assert_allclose(got[0], want.numpy(), atol=1e-4, rtol=1e-4)
+        if operator == "linalg_solve_ex":
+            np.testing.assert_array_equal(got[1], want_info.numpy())
