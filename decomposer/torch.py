@@ -21,6 +21,12 @@ What plain ``torch.onnx.export`` (torch 2.13, dynamo by default) gets wrong, and
   step -1, which onnx2tf silently turns into Identity. An op is routed only when a
   registered pattern rewrites that exact node (asked with a one-node probe model), so an op
   no pattern knows is exported as torch would export it.
+- ``torch.linalg.inv`` / ``torch.inverse`` / ``Tensor.inverse``, ``torch.linalg.inv_ex``
+  (``check_errors=False``), ``torch.linalg.solve``, ``torch.searchsorted`` (tensor values)
+  and ``torch.cummax`` / ``torch.cummin`` have no ONNX function in torch's exporter at all
+  ("No ONNX function found for aten.linalg_inv_ex"). ``export`` routes them the same way,
+  to ``custom.ops::Inverse`` / ``Solve`` / ``SearchSorted`` / ``CumMax`` / ``CumMin`` and
+  ``org.pytorch.aten::linalg_inv_ex``.
 - ``opset_version`` below 18 silently stays 18 (the exporter's conversion fails and is only
   logged). ``export`` exports at 18 and converts itself, or raises :class:`ExportError`.
 - A dim declared dynamic that torch froze (in the exported program, the ONNX inputs or
@@ -87,6 +93,7 @@ _TORCH_LIBRARY: Any = torch.library
 _TORCH_JIT: Any = torch.jit
 
 OPAQUE_DOMAIN = "custom.ops"  # where routed ops go; the patterns accept any domain
+ATEN_DOMAIN = "org.pytorch.aten"  # for ops whose patterns take only torch's fallback forms
 TORCHLIB_OPSET = 18  # the opset torch's ONNX functions are written in; lower ones are converted
 DEFAULT_ATOL = 1e-3  # whole models vs eager: ORT and torch kernels round differently
 DEFAULT_RTOL = 1e-3
@@ -212,7 +219,9 @@ def _dim_specs(tensor_spec: Any) -> dict[int, Any]:
 def _bound(value: Any) -> int | None:
     try:
         number = int(value)
-    except (TypeError, ValueError, OverflowError):
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        # AttributeError: sympy's infinity, which ``Dim("b")`` without a max carries,
+        # fails int() that way (sympy 1.14).
         return None
     return number if abs(number) < (1 << 40) else None
 
@@ -283,7 +292,8 @@ def _second_inputs(leaves: Sequence[_Leaf], dynamic: Sequence[DynamicDim], seed:
     """Leaf values with every dynamic dim resized, and a description of each change.
 
     Float tensors get seeded random values with the example's mean and spread; other
-    tensors repeat the example's values (indices and flags stay in range)."""
+    tensors repeat the example's values (indices and flags stay in range). An example
+    sorted along its last dim (a searchsorted sequence, bin edges) gets sorted values."""
     rng = np.random.default_rng(seed)
     tensors = _tensor_leaves(leaves)
     new_sizes: dict[str, int] = {}
@@ -320,7 +330,17 @@ def _second_inputs(leaves: Sequence[_Leaf], dynamic: Sequence[DynamicDim], seed:
             repeated = np.resize(flat, shape) if flat.size else np.zeros(shape, flat.dtype)
             # np.array, not np.ascontiguousarray, which turns a 0-d input into 1-d
             values.append(torch.from_numpy(np.array(repeated, order="C")))
+        if _sorted_rows(example):
+            values[-1] = torch.sort(values[-1], dim=-1).values
     return values, changes
+
+
+def _sorted_rows(example: Any) -> bool:
+    """Whether a tensor with rows of 2+ elements is non-decreasing along its last dim."""
+    if example.dim() == 0 or example.shape[-1] < 2 or example.dtype == torch.bool \
+            or example.is_complex():
+        return False
+    return bool((example[..., 1:] >= example[..., :-1]).all())
 
 
 def _rebuild(leaves: Sequence[_Leaf], values: Sequence[Any], args: tuple[Any, ...],
@@ -350,18 +370,21 @@ def _onnx_type(dtype: Any) -> int | None:
 
 @functools.lru_cache(maxsize=256)
 def _pattern_rewrites(op_type: str, inputs: tuple[tuple[int, tuple[int | str, ...]], ...],
-                      attrs: tuple[tuple[str, Any], ...], opset: int, target: str) -> bool:
-    """Whether the registered patterns rewrite ``OPAQUE_DOMAIN::op_type`` with these input
+                      attrs: tuple[tuple[str, Any], ...], opset: int, target: str,
+                      outputs: int = 1, domain: str = OPAQUE_DOMAIN) -> bool:
+    """Whether the registered patterns rewrite ``domain::op_type`` with these input
     types, shapes and attributes at ``opset``: a one-node model is decomposed to find out."""
     names = [f"in{i}" for i in range(len(inputs))]
     graph_inputs = [helper.make_tensor_value_info(name, elem_type, list(shape))
                     for name, (elem_type, shape) in zip(names, inputs, strict=True)]
-    node = helper.make_node(op_type, names, ["out"], domain=OPAQUE_DOMAIN)
+    output_names = [f"out{i}" for i in range(outputs)]
+    node = helper.make_node(op_type, names, output_names, domain=domain)
     node.attribute.extend(helper.make_attribute(key, list(value) if isinstance(value, tuple)
                                                 else value) for key, value in attrs)
-    imports = [helper.make_opsetid("", opset), helper.make_opsetid(OPAQUE_DOMAIN, 1)]
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid(domain, 1)]
     graph = helper.make_graph([node], "probe", graph_inputs,
-                              [helper.make_empty_tensor_value_info("out")])
+                              [helper.make_empty_tensor_value_info(name)
+                               for name in output_names])
     probe = helper.make_model(graph, opset_imports=imports,
                               ir_version=helper.find_min_ir_version_for(imports[:1], True))
     try:
@@ -439,9 +462,69 @@ class _RoutingOps:
                 shape[a], shape[b] = shape[b], shape[a]
             return x.new_empty(shape)
 
+        # Linear algebra, searchsorted and cummax/cummin: torch's exporter has no ONNX
+        # function for them at all (aten.linalg_inv_ex, aten.linalg_solve_ex,
+        # aten.searchsorted, aten.cummax / cummin). Their fake kernels are torch's own meta
+        # kernels, which read the shapes without guarding on them.
+        @torch.library.custom_op(f"{namespace}::inverse", mutates_args=())
+        def inverse(a: torch.Tensor) -> torch.Tensor:
+            result: torch.Tensor = torch.linalg.inv(a)
+            return result
+
+        @inverse.register_fake
+        def _(a: torch.Tensor) -> torch.Tensor:
+            return torch.empty_like(a)
+
+        @torch.library.custom_op(f"{namespace}::inv_ex", mutates_args=())
+        def inv_ex(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            result, info = torch.linalg.inv_ex(a)
+            return result, info
+
+        @inv_ex.register_fake
+        def _(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.empty_like(a), a.new_empty(a.shape[:-2], dtype=torch.int32)
+
+        @torch.library.custom_op(f"{namespace}::solve", mutates_args=())
+        def solve(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
+            result: torch.Tensor = torch.linalg.solve(a, b, left=left)
+            return result
+
+        @solve.register_fake
+        def _(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
+            # torch's meta kernel: its broadcasting rules for B, on the symbolic shapes
+            result: torch.Tensor = torch.linalg.solve(a, b, left=left)
+            return result
+
+        @torch.library.custom_op(f"{namespace}::searchsorted", mutates_args=())
+        def searchsorted(sorted_sequence: torch.Tensor, values: torch.Tensor, out_int32: bool,
+                         right: bool, sorter: torch.Tensor | None) -> torch.Tensor:
+            return torch.searchsorted(sorted_sequence, values, out_int32=out_int32,
+                                      right=right, sorter=sorter)
+
+        @searchsorted.register_fake
+        def _(sorted_sequence: torch.Tensor, values: torch.Tensor, out_int32: bool,
+              right: bool, sorter: torch.Tensor | None) -> torch.Tensor:
+            return values.new_empty(values.shape,
+                                    dtype=torch.int32 if out_int32 else torch.int64)
+
+        @torch.library.custom_op(f"{namespace}::cumulative_extreme", mutates_args=())
+        def cumulative_extreme(x: torch.Tensor, dim: int, largest: bool
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+            values, indices = (torch.cummax if largest else torch.cummin)(x, dim)
+            return values, indices
+
+        @cumulative_extreme.register_fake
+        def _(x: torch.Tensor, dim: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.empty_like(x), x.new_empty(x.shape, dtype=torch.int64)
+
         self.affine_grid = affine_grid
         self.grid_sample = grid_sample
         self.rot90 = rot90
+        self.inverse = inverse
+        self.inv_ex = inv_ex
+        self.solve = solve
+        self.searchsorted = searchsorted
+        self.cumulative_extreme = cumulative_extreme
 
     def translations(self, opset: int) -> dict[Any, Callable[..., Any]]:
         """ONNX translations for an export that writes default-domain ``opset``."""
@@ -465,7 +548,12 @@ class _RoutingOps:
 
         return {self.affine_grid._opoverload: _translate_affine_grid,
                 self.grid_sample._opoverload: translate_grid_sample,
-                self.rot90._opoverload: _translate_rot90}
+                self.rot90._opoverload: _translate_rot90,
+                self.inverse._opoverload: _translate_inverse,
+                self.inv_ex._opoverload: _translate_inv_ex,
+                self.solve._opoverload: _translate_solve,
+                self.searchsorted._opoverload: _translate_searchsorted,
+                self.cumulative_extreme._opoverload: _translate_cumulative_extreme}
 
 
 @functools.lru_cache(maxsize=1)
@@ -579,6 +667,32 @@ def _translate_rot90(x: Any, k: int, dims: Sequence[int]) -> Any:
     return _emit_opaque(OPAQUE_DOMAIN, 1, "Rot90", [x], {"k": int(k), "dims": list(dims)})
 
 
+def _translate_inverse(a: Any) -> Any:
+    return _emit_opaque(OPAQUE_DOMAIN, 1, "Inverse", [a], {})
+
+
+def _translate_inv_ex(a: Any) -> Any:
+    # (inverse, info) has no custom-domain spelling: torch's own fallback name, as the
+    # legacy exporter writes it with ONNX_FALLTHROUGH.
+    return _emit_opaque(ATEN_DOMAIN, 1, "linalg_inv_ex", [a], {}, outputs=2)
+
+
+def _translate_solve(a: Any, b: Any, left: bool) -> Any:
+    return _emit_opaque(OPAQUE_DOMAIN, 1, "Solve", [a, b], {"left": int(left)})
+
+
+def _translate_searchsorted(sorted_sequence: Any, values: Any, out_int32: bool, right: bool,
+                            sorter: Any) -> Any:
+    inputs = [sorted_sequence, values] + ([sorter] if sorter is not None else [])
+    return _emit_opaque(OPAQUE_DOMAIN, 1, "SearchSorted", inputs,
+                        {"out_int32": int(out_int32), "right": int(right)})
+
+
+def _translate_cumulative_extreme(x: Any, dim: int, largest: bool) -> Any:
+    return _emit_opaque(OPAQUE_DOMAIN, 1, "CumMax" if largest else "CumMin", [x],
+                        {"dim": int(dim)}, outputs=2)
+
+
 _NOT_ROUTED = object()
 
 
@@ -593,8 +707,9 @@ def _bind(function: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str
 
 
 class _Router(TorchFunctionMode):
-    """While torch.export traces the model, sends F.affine_grid, F.grid_sample and
-    torch.rot90 to the routing custom ops when a pattern rewrites the node they become."""
+    """While torch.export traces the model, sends F.affine_grid, F.grid_sample,
+    torch.rot90 and the linear algebra / searchsorted / cummax-cummin calls to the routing
+    custom ops when a pattern rewrites the node they become."""
 
     def __init__(self, opset: int, target: str) -> None:
         super().__init__()
@@ -604,7 +719,14 @@ class _Router(TorchFunctionMode):
         self.routed: list[str] = []
         self.handlers: dict[Any, Callable[[Sequence[Any], Mapping[str, Any]], Any]] = {
             F.affine_grid: self._affine_grid, F.grid_sample: self._grid_sample,
-            torch.rot90: self._rot90, torch.Tensor.rot90: self._rot90}
+            torch.rot90: self._rot90, torch.Tensor.rot90: self._rot90,
+            torch.linalg.inv: self._inverse, torch.inverse: self._inverse,
+            torch.Tensor.inverse: self._inverse, torch.linalg.inv_ex: self._inv_ex,
+            torch.linalg.solve: self._solve, torch.searchsorted: self._searchsorted,
+            torch.cummax: functools.partial(self._cumulative_extreme, largest=True),
+            torch.Tensor.cummax: functools.partial(self._cumulative_extreme, largest=True),
+            torch.cummin: functools.partial(self._cumulative_extreme, largest=False),
+            torch.Tensor.cummin: functools.partial(self._cumulative_extreme, largest=False)}
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: Mapping[str, Any] | None = None) -> Any:
@@ -674,6 +796,104 @@ class _Router(TorchFunctionMode):
             return _NOT_ROUTED
         self.routed.append("Rot90")
         return self.ops.rot90(x, int(k), [int(d) for d in dims])
+
+    def _probe(self, op_type: str, tensors: Sequence[Any], attrs: tuple[tuple[str, Any], ...],
+               outputs: int = 1, domain: str = OPAQUE_DOMAIN) -> bool:
+        """Whether a pattern rewrites the node with these tensors' types and ranks (every
+        dim symbolic except the last two of a matrix, which the linear algebra needs)."""
+        inputs = []
+        for tensor in tensors:
+            elem_type = _onnx_type(tensor.dtype)
+            if elem_type is None:
+                return False
+            inputs.append((elem_type, _symbolic_shape(tensor.dim())))
+        return _pattern_rewrites(op_type, tuple(inputs), attrs, self.opset, self.target,
+                                 outputs, domain)
+
+    @staticmethod
+    def _square(a: Any) -> int | None:
+        """A's static matrix size n when A is (*, n, n) with n an int, else None."""
+        if not isinstance(a, torch.Tensor) or a.dim() < 2:
+            return None
+        n = a.shape[-1]
+        return n if isinstance(n, int) and a.shape[-2] == n else None
+
+    def _matrix_probe(self, op_type: str, a: Any, others: Sequence[Any] = (),
+                      attrs: tuple[tuple[str, Any], ...] = (), outputs: int = 1,
+                      domain: str = OPAQUE_DOMAIN) -> bool:
+        n = self._square(a)
+        elem_type = _onnx_type(a.dtype)
+        if n is None or elem_type is None:
+            return False
+        inputs = [(elem_type, _symbolic_shape(a.dim(), {a.dim() - 2: n, a.dim() - 1: n}))]
+        for other in others:
+            other_type = _onnx_type(other.dtype)
+            if other_type is None:
+                return False
+            inputs.append((other_type, tuple(dim if isinstance(dim, int) else f"e{axis}"
+                                             for axis, dim in enumerate(other.shape))))
+        return _pattern_rewrites(op_type, tuple(inputs), attrs, self.opset, self.target,
+                                 outputs, domain)
+
+    def _inverse(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        a = args[0] if args else kwargs.get("input", kwargs.get("A"))
+        if len(args) > 1 or set(kwargs) - {"input", "A"} or not self._matrix_probe("Inverse", a):
+            return _NOT_ROUTED
+        self.routed.append("Inverse")
+        return self.ops.inverse(a)
+
+    def _inv_ex(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        bound = _bind(lambda A, *, check_errors=False: None, args, kwargs)
+        if bound is None or bound["check_errors"] or \
+                not self._matrix_probe("linalg_inv_ex", bound["A"], outputs=2,
+                                       domain=ATEN_DOMAIN):
+            return _NOT_ROUTED  # check_errors=True raises in eager mode; a graph cannot
+        self.routed.append("linalg_inv_ex")
+        return self.ops.inv_ex(bound["A"])
+
+    def _solve(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        bound = _bind(lambda A, B, *, left=True, out=None: None, args, kwargs)
+        if bound is None or bound["out"] is not None or not isinstance(bound["B"], torch.Tensor):
+            return _NOT_ROUTED
+        a, b, left = bound["A"], bound["B"], bool(bound["left"])
+        # The pattern needs B's matrix dims static; its batch dims may be symbolic.
+        if b.dim() and not all(isinstance(dim, int) for dim in b.shape[-2:]):
+            return _NOT_ROUTED
+        if not self._matrix_probe("Solve", a, [b], (("left", int(left)),)):
+            return _NOT_ROUTED
+        self.routed.append("Solve")
+        return self.ops.solve(a, b, left)
+
+    def _searchsorted(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        bound = _bind(lambda sorted_sequence, input, *, out_int32=False, right=False,
+                      side=None, out=None, sorter=None: None, args, kwargs)
+        if bound is None or bound["out"] is not None:
+            return _NOT_ROUTED
+        sequence, values, sorter = bound["sorted_sequence"], bound["input"], bound["sorter"]
+        if not isinstance(values, torch.Tensor) or bound["side"] not in (None, "left", "right"):
+            return _NOT_ROUTED  # a Python number: torch's own export path, and its error
+        right = bool(bound["right"]) or bound["side"] == "right"
+        if bound["side"] == "left" and bound["right"]:
+            return _NOT_ROUTED  # torch raises on the contradiction; let it
+        tensors = [sequence, values] + ([sorter] if sorter is not None else [])
+        attrs = (("out_int32", int(bool(bound["out_int32"]))), ("right", int(right)))
+        if not self._probe("SearchSorted", tensors, attrs):
+            return _NOT_ROUTED
+        self.routed.append("SearchSorted")
+        return self.ops.searchsorted(sequence, values, bool(bound["out_int32"]), right, sorter)
+
+    def _cumulative_extreme(self, args: Sequence[Any], kwargs: Mapping[str, Any], *,
+                            largest: bool) -> Any:
+        bound = _bind(lambda input, dim, *, out=None: None, args, kwargs)
+        if bound is None or bound["out"] is not None or not isinstance(bound["dim"], int):
+            return _NOT_ROUTED
+        x, dim = bound["input"], bound["dim"]
+        op_type = "CumMax" if largest else "CumMin"
+        if not isinstance(x, torch.Tensor) or \
+                not self._probe(op_type, [x], (("dim", int(dim)),), outputs=2):
+            return _NOT_ROUTED
+        self.routed.append(op_type)
+        return self.ops.cumulative_extreme(x, int(dim), largest)
 
 
 # -- routing under the legacy (TorchScript) exporter -----------------------------------------

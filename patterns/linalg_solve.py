@@ -21,8 +21,8 @@ Semantics are torch's:
 Before -> after::
 
     Solve(A, B)  ->  Ainv = inverse(A)        # linalg_inv's decomposition: closed form for
-                                              # n <= 4, Gauss-Jordan with partial pivoting
-                                              # above (and for linalg_solve_ex, for info)
+                                              # n <= 4 (info from its minors), Gauss-Jordan
+                                              # with partial pivoting above
       B of A's batch dims, static n and k with n*n*k <= 256, on 2-D (entries, batch)
       tensors (batch dims flattened and moved last):
                      X = (1, n) ones @ (Gather(Ainv, terms) * Gather(B, terms))

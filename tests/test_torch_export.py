@@ -355,3 +355,70 @@ def test_second_input_set_changes_every_declared_dim_consistently():
     assert dtorch._second_size(7, 2, None) == 8
     assert dtorch._second_size(64, 2, 64) == 48  # respects Dim max
     assert dtorch._second_size(2, 2, 2) is None
+
+
+class LinalgSearchScan(nn.Module):
+    """Every op torch's dynamo exporter has no ONNX function for (aten.linalg_inv_ex,
+    linalg_solve_ex, searchsorted, cummax, cummin), each spelling once."""
+
+    def forward(self, a, b, sequence, values, x):
+        inverse, info = torch.linalg.inv_ex(a)
+        return (torch.linalg.inv(a), (2 * a).inverse(), inverse, info,
+                torch.linalg.solve(a, b), torch.linalg.solve(a, b.transpose(-1, -2), left=False),
+                torch.searchsorted(sequence, values, right=True),
+                torch.searchsorted(sequence, values, side="left", out_int32=True),
+                *torch.cummax(x, 1), *x.cummin(dim=0))
+
+
+def linalg_search_scan_inputs(rng, batch, rows, length):
+    a = rng.normal(size=(batch, 3, 3)) + 4 * np.eye(3)
+    sequence = np.sort(rng.normal(size=(rows, length)), axis=-1)
+    arrays = [a, rng.normal(size=(batch, 3, 2)), sequence,
+              np.concatenate([sequence[:, :2], rng.normal(size=(rows, 4))], axis=1),  # ties
+              rng.normal(size=(rows, 7))]
+    return [torch.from_numpy(x.astype(np.float32)) for x in arrays]
+
+
+@pytest.mark.parametrize("opset", [11, 18, 20])
+def test_dynamo_routes_linear_algebra_searchsorted_and_cummax(tmp_path, opset):
+    """torch 2.13's dynamo exporter fails on all of them ("No ONNX function found");
+    export routes each through an opaque node that a pattern rewrites. Sizes stay dynamic
+    (Dim without bounds too), and the file matches eager at other sizes, with sorted
+    sequences (export's own verification keeps a sorted example sorted)."""
+    model = LinalgSearchScan().eval()
+    rng = np.random.default_rng(opset)
+    batch, rows, length = Dim("batch"), Dim("rows"), Dim("length")
+    path = tmp_path / "model.onnx"
+    report = dtorch.export(model, tuple(linalg_search_scan_inputs(rng, 5, 4, 10)), path,
+                           opset_version=opset,
+                           dynamic_shapes=({0: batch}, {0: batch}, {0: rows, 1: length},
+                                           {0: rows}, {0: rows}))
+    assert report.counts == {"Inverse": 2, "linalg_inv_ex": 1, "Solve": 2,
+                             "SearchSorted": 2, "CumMax": 1, "CumMin": 1}
+    out = onnx.load(path)
+    assert domains(out) <= STANDARD_DOMAINS
+    assert [dim_params(i)[:2] for i in out.graph.input] == \
+        [["batch", 3], ["batch", 3], ["rows", "length"], ["rows", 6], ["rows", 7]]
+    inputs = linalg_search_scan_inputs(rng, 2, 6, 33)
+    got = run_file(path, {i.name: x.numpy() for i, x in zip(out.graph.input, inputs,
+                                                            strict=True)})
+    with torch.no_grad():
+        want = [w.numpy() for w in model(*inputs)]
+    assert len(got) == len(want)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+
+
+def test_inv_ex_with_check_errors_is_left_to_torch(tmp_path):
+    """check_errors=True raises in eager mode on a singular matrix, which no graph can:
+    it is not routed, and torch's own export failure comes back as ExportError."""
+
+    class Checked(nn.Module):
+        def forward(self, a):
+            return torch.linalg.inv_ex(a, check_errors=True)[0]
+
+    a = torch.eye(3).expand(2, 3, 3).contiguous()
+    with pytest.raises(decomposer.ExportError):
+        dtorch.export(Checked().eval(), (a,), tmp_path / "checked.onnx")
+    assert not (tmp_path / "checked.onnx").exists()
