@@ -34,6 +34,8 @@ Before -> after::
       M = [A | I]; for each column k: pivot row p = argmax |M[:, k]| over rows not yet used;
       r = M[p, :] / M[p, k]; M = M - where(row is p, 0, M[:, k]) * r   (drop column k)
       inv = (rows p_0, p_1, ... of M) / (their pivots); info from the pivots
+      portable: M is 2-D, (n * w, B), and the outer product is two Gathers (every engine
+      and converter); --target ort: M is (n, w, *), the product a broadcast (faster there)
 
 Singular input: torch.linalg.inv raises, a graph cannot. Here the result holds inf/NaN
 (adjugate / 0 in the closed form, division by the zero pivot in the elimination), and
@@ -449,7 +451,11 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
                         info_out: str | None, batch_last: bool) -> Value:
     """Unrolled Gauss-Jordan on [A | I] with partial pivoting, rows never swapped: each
     column's pivot row is the first largest |value| among the rows not used yet (LAPACK's
-    choice), and one GatherElements puts the rows in order at the end."""
+    choice), and one GatherElements puts the rows in order at the end.
+
+    On (n, 2n - k, *) tensors, broadcasting (n, 1, *) against (1, w, *): ONNX Runtime runs
+    it in 0.55-0.85x the time of ``_build_gauss_jordan_2d``, but onnx2tf's tf_converter
+    mislays its 3-D tensors, so it is the ``--target ort`` form only."""
     n, dtype = facts.n, facts.dtype
     tail = (1,) * (facts.rank - 2)  # the batch axes of a constant
     matrix = _batch_last(b, a, facts, flat=False)  # (n, n, *)
@@ -501,6 +507,104 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
     return _batch_first(b, inverse, facts, out)
 
 
+def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | None,
+                           info_out: str | None, batch_last: bool) -> Value:
+    """The same elimination as ``_build_gauss_jordan``, on 2-D (entries, B) tensors only.
+
+    [A | I] is (n * w, B), row i * w + c holding entry (i, c) of every matrix (w = 2n - k
+    columns left at step k: the pivot column is dropped each step). A step gathers column 0
+    of every row, (n, B), picks the pivot row p (ArgMax over the unused rows), reads row p
+    with one GatherElements (index p * w + c), and writes every row's remaining columns
+    as ``rest - multiplier[i] * scaled[c]``, the two factors gathered out to (n * (w-1), B)
+    rows: an outer product by Gathers, not by broadcasting (n, 1, B) against (1, w-1, B),
+    since onnx2tf's tf_converter mislays such 3-D tensors (it takes a tensor whose dims
+    after the first are equal for channels-first, and rebuilds Transposes by dim sizes)."""
+    n, dtype = facts.n, facts.dtype
+    entries = swap_2d(b, a, None, n * n, hint="A_t")  # (n*n, B)
+    identity = b.Expand(np.eye(n, dtype=dtype).reshape(n * n, 1), b.Shape(entries),
+                        hint="I")  # (n*n, B)
+    # Rows of [A | I]: row i is A's row i, then I's row i.
+    interleave = [i * n + c if c < n else n * n + i * n + c - n
+                  for i in range(n) for c in range(2 * n)]
+    work = b.Gather(b.Concat(entries, identity, axis=0, hint="A_and_I"), interleave, axis=0,
+                    hint="A_I")  # (n * 2n, B)
+    row_ids = np.arange(n, dtype=np.int64).reshape(n, 1)
+    unused: Value | None = None  # rows not pivoted yet, (n, B) bool; None: all
+    pivot_rows: list[Value] = []
+    pivots: list[Value] = []
+    for k in range(n):
+        width = 2 * n - k
+        column = b.Gather(work, [i * width for i in range(n)], axis=0,
+                          hint=f"col{k}")  # (n, B)
+        if k == n - 1 and unused is not None:  # one row is left
+            chosen = b.ArgMax(b.Cast(unused, dtype, hint="last_row_f"), axis=0,
+                              hint=f"pivot_row{k}")
+        else:
+            score = b.Abs(column, hint=f"abs{k}")
+            if unused is not None:
+                score = b.Where(unused, score, -1.0, hint=f"score{k}")
+            chosen = b.ArgMax(score, axis=0, hint=f"pivot_row{k}")  # (1, B)
+        pivot_rows.append(chosen)
+        hot = b.Equal(row_ids, chosen, hint=f"hot{k}")  # (n, B)
+        if k < n - 1:
+            unused = b.Not(hot, hint=f"unused{k}") if unused is None else \
+                b.Xor(unused, hot, hint=f"unused{k}")
+        pivot = b.GatherElements(column, chosen, 0, hint=f"pivot{k}")  # (1, B)
+        pivots.append(pivot)
+        if width == 1:
+            break  # nothing right of the pivot (n = 1)
+        # Row p's other columns: index p * width + c, (width - 1, B)
+        row_at = b.Add(b.Mul(chosen, np.int64(width), hint=f"row{k}_start"),
+                       np.arange(1, width, dtype=np.int64).reshape(-1, 1), hint=f"row{k}_at")
+        scaled = b.Div(b.GatherElements(work, row_at, 0, hint=f"row{k}"), pivot,
+                       hint=f"row{k}_scaled")  # (width - 1, B)
+        # The pivot row keeps its values (multiplier 0); see _build_gauss_jordan.
+        multiplier = b.Where(hot, np.zeros((), dtype), column, hint=f"multiplier{k}")
+        rest = [i * width + c for i in range(n) for c in range(1, width)]
+        update = b.Mul(
+            b.Gather(multiplier, [i for i in range(n) for _ in range(1, width)], axis=0,
+                     hint=f"multiplier{k}_rows"),
+            b.Gather(scaled, [c - 1 for _ in range(n) for c in range(1, width)], axis=0,
+                     hint=f"row{k}_rows"), hint=f"update{k}")  # (n * (width - 1), B)
+        work = b.Sub(b.Gather(work, rest, axis=0, hint=f"rest{k}"), update,
+                     hint=f"eliminated{k}")
+    # Row p_k of work (n columns) now holds pivot_k * (row k of the inverse).
+    order = b.Concat(*pivot_rows, axis=0, hint="pivot_order") if n > 1 else pivot_rows[0]
+    all_pivots = b.Concat(*pivots, axis=0, hint="pivots") if n > 1 else pivots[0]  # (n, B)
+    if n == 1:
+        inverse = b.Reciprocal(all_pivots, hint="inverse_t")
+    else:
+        spread = [k for k in range(n) for _ in range(n)]  # row k * n + j reads k
+        at = b.Add(b.Mul(b.Gather(order, spread, axis=0, hint="pivot_order_rows"),
+                         np.int64(n), hint="inverse_rows_start"),
+                   np.tile(np.arange(n, dtype=np.int64), n).reshape(-1, 1),
+                   hint="inverse_rows_at")  # (n*n, B)
+        inverse = b.Div(b.GatherElements(work, at, 0, hint="pivot_rows"),
+                        b.Gather(all_pivots, spread, axis=0, hint="pivot_per_entry"),
+                        hint="inverse_t")  # (n*n, B)
+    if info_out:
+        flat_info = _info_from_pivots(b, all_pivots, n)
+        info = b.Reshape(flat_info, [-1], hint="info_flat")
+        reshape_batch_first(b, info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
+                            hint="info", out=info_out)
+    if batch_last:
+        return inverse
+    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a),
+                   batch_dims=facts.shape[:-2], out=out)
+
+
+def _info_from_pivots(b: Builder, all_pivots: Value, n: int) -> Value:
+    """LAPACK's info from the pivots, (n, B) -> (1, B) int32: the 1-based index of the
+    first zero pivot, 0 if none."""
+    ranks = np.arange(n, 0, -1, dtype=np.int32).reshape(n, 1)  # earlier columns score higher
+    zero = b.Equal(all_pivots, 0.0, hint="zero_pivot")
+    score = b.ReduceMax(b.Where(zero, ranks, np.zeros((), np.int32), hint="zero_score"),
+                        [0], keepdims=True, hint="first_zero")  # (1, B)
+    first = b.Sub(np.int32(n + 1), score, hint="first_zero_index")
+    return b.Where(b.Greater(score, np.int32(0)), first, np.zeros((), np.int32),
+                   hint="info_2d")
+
+
 def _build_info(b: Builder, all_pivots: Value, facts: MatrixFacts, out: str) -> Value:
     """LAPACK's info: the 1-based index of the first zero pivot, 0 if none."""
     n, tail = facts.n, (1,) * (facts.rank - 2)
@@ -538,7 +642,9 @@ def build_inverse(b: Builder, a: str, facts: MatrixFacts, out: str | None = None
         return _build_empty(b, value, facts, out, info_out)
     if facts.n <= CLOSED_FORM_MAX_N:
         return _build_closed_form(b, value, facts, out, info_out, batch_last)
-    return _build_gauss_jordan(b, value, facts, out, info_out, batch_last)
+    if b.target == "ort":  # 0.55-0.85x the time of the 2-D form on ONNX Runtime
+        return _build_gauss_jordan(b, value, facts, out, info_out, batch_last)
+    return _build_gauss_jordan_2d(b, value, facts, out, info_out, batch_last)
 
 
 # -- numpy references (independent of the build: numpy's LAPACK inverse, and a plain LU) ----

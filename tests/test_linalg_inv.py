@@ -149,6 +149,33 @@ def test_near_singular_but_invertible_needs_pivoting():
             np.testing.assert_allclose(got[0], torch_inverse(a), **tolerances(dtype))
 
 
+@pytest.mark.parametrize("target", ["portable", "ort"])
+@pytest.mark.parametrize("n", [5, 8, MAX_N])
+def test_both_elimination_forms(target, n):
+    """n >= 5 eliminates on 2-D (entries, batch) tensors (portable: onnx2tf's tf_converter
+    mislays the 3-D form) or on 3-D (n, w, batch) ones (--target ort, faster there); both
+    against torch, batch ranks 0-2 and empty batches included, with info on singular input."""
+    rng = np.random.default_rng(n)
+    for operator in ("linalg_inv", "linalg_inv_ex"):
+        out = decomposer.decompose(aten_model(operator, n, batch=("B", "C")), target=target)
+        ops = {node.op_type for node in out.graph.node}
+        assert ("Split" in ops) == (target == "ort")  # the 3-D form splits columns off
+        for batch in [(2, 3), (1, 1), (2, 0)]:
+            a = needs_pivoting(rng, batch, n)
+            if a.size:
+                a[0, 0, :, n - 2] = 0  # singular, exactly: info n - 1
+            got = run_onnxruntime(out, {"A": a})
+            want, want_info = torch_inverse_ex(a)
+            regular = want_info == 0
+            assert got[0].shape == a.shape
+            np.testing.assert_allclose(got[0][regular], torch_inverse(a[regular]),
+                                       atol=1e-5, rtol=1e-4)
+            if operator == "linalg_inv_ex":
+                np.testing.assert_array_equal(got[1], want_info)
+                if a.size:
+                    assert want_info[0, 0] == n - 1  # the premise
+
+
 # -- torch's fallback forms --------------------------------------------------------------------
 
 
