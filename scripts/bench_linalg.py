@@ -44,6 +44,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import decomposer  # noqa: E402
+from decomposer.patterns.linalg_inv import CLOSED_FORM_MAX_N  # noqa: E402
 
 from benchlib import OrtRunner, interleaved_rounds
 from benchlib import time_calls as _time
@@ -383,11 +384,14 @@ def bench_inverse(n: int, batch: int, threads: int, rounds: int) -> dict:
         "contrib": OrtRunner(inverse_contrib(n), feeds, threads)}
     if n in (2, 3):
         variants["hand_ex"] = OrtRunner(inverse_ex_hand(n), feeds, threads)
+    if n > CLOSED_FORM_MAX_N:  # the elimination: --target ort keeps its 3-D form
+        variants["decomposer_ort"] = OrtRunner(
+            decomposer.decompose(inverse_custom(n), target="ort"), feeds, threads)
     torch.set_num_threads(threads)
     a_t = torch.from_numpy(a)
     variants["torch_eager"] = lambda: torch.linalg.inv(a_t)
     want = torch.linalg.inv(a_t.double()).numpy()
-    for name in ("decomposer", "decomposer_ex", "hand", "hand_ex"):
+    for name in ("decomposer", "decomposer_ex", "decomposer_ort", "hand", "hand_ex"):
         if name in variants:
             _check(variants[name].result(), want, f"inverse n={n} {name}", 1e-3)  # type: ignore
     return _measure(f"inverse n={n} batch={batch}", threads, rounds, variants, "hand",
@@ -402,13 +406,15 @@ def bench_solve(n: int, batch: int, columns: int, threads: int, rounds: int) -> 
              "R": rng.normal(size=(batch, n, columns)).astype(np.float32)}
     variants: dict[str, Callable[[], object]] = {
         "decomposer": OrtRunner(decomposer.decompose(solve_custom(n, columns)), feeds, threads),
+        "decomposer_ort": OrtRunner(decomposer.decompose(solve_custom(n, columns),
+                                                         target="ort"), feeds, threads),
         "hand": OrtRunner(inverse_hand(n, columns), feeds, threads),
         "contrib": OrtRunner(inverse_contrib(n, with_matmul=True), feeds, threads)}
     torch.set_num_threads(threads)
     a_t, r_t = torch.from_numpy(feeds["A"]), torch.from_numpy(feeds["R"])
     variants["torch_eager"] = lambda: torch.linalg.solve(a_t, r_t)
     want = torch.linalg.solve(a_t.double(), r_t.double()).numpy()
-    for name in ("decomposer", "hand"):
+    for name in ("decomposer", "decomposer_ort", "hand"):
         _check(variants[name].result(), want, f"solve n={n} {name}", 1e-3)  # type: ignore
     return _measure(f"solve n={n} batch={batch} k={columns}", threads, rounds, variants,
                     "hand", {"n": n, "batch": batch, "k": columns})
