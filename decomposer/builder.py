@@ -531,6 +531,39 @@ class Builder:
         return self.op("Reshape", value, self._index(shape, "shape"), hint=hint, out=out,
                        dtype=value.dtype)
 
+    def ReshapeBatchFirst(self, flat: Operand, shape: Value,
+                          batch_dims: Sequence[int | str | None], *, hint: str | None = None,
+                          out: str | None = None) -> Value:
+        """``flat``, (B, K) or (B,) with B the product of the batch dims, reshaped to the
+        run-time ``shape`` whose leading dims are the batch dims (their static entries:
+        ``batch_dims``), with any of them possibly 0.
+
+        Reshape's 0 copies the input's dim at the same index (allowzero, a literal 0, is
+        refused by onnx2torch), so an empty batch such as (2, 0) or (0, 0) must reach the
+        Reshape as an input whose dims are 0 wherever the target's may be: with at most one
+        batch dim, or batch dims that are static and nonzero after the first, the target's
+        only possible 0 is at index 0, where it copies B (0 too); otherwise the input is
+        first viewed as (B, m, ..., m[, K]) with m = min(B, 1), a Slice of an Unsqueeze:
+        (B, 1, ..., 1, K) when B > 0, all 0 when B = 0. The Slice copies, so it is only
+        emitted for dynamic batches of rank >= 2."""
+        value = self._operand(flat, None, "reshape_in")
+        if all(isinstance(dim, int) and dim > 0 for dim in batch_dims[1:]):
+            return self.Reshape(value, shape, hint=hint, out=out)
+        base = hint or "reshape"
+        middle = list(range(1, len(batch_dims)))
+        widened = self.Unsqueeze(value, middle, hint=f"{base}_widened")  # (B, 1, .., 1[, K])
+        count = self.Shape(value, 0, 1, hint=f"{base}_count")  # [B]
+        nonempty = self.Min(count, np.ones(1, np.int64), hint=f"{base}_nonempty")
+        ends = (self.Concat(*[nonempty] * len(middle), axis=0, hint=f"{base}_ends")
+                if len(middle) > 1 else nonempty)
+        view = self.Slice(widened, [0] * len(middle), ends, middle, hint=f"{base}_view")
+        return self.Reshape(view, shape, hint=hint, out=out)
+
+    def Flatten(self, x: Operand, axis: int = 1, *, hint: str | None = None,
+                out: str | None = None) -> Value:
+        """ONNX ``Flatten``: (d0 .. d{axis-1}) x (the rest), 2-D, exact for 0 dims."""
+        return self._unary("Flatten", x, hint, out, axis=int(axis))
+
     def Expand(self, x: Operand, shape: IntsOrValue, *, hint: str | None = None,
                out: str | None = None) -> Value:
         value = self._operand(x, None, "expand_in")

@@ -193,7 +193,7 @@ def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: s
             shape: Value | None = None, batch_dims: Sequence[int | str | None] = (),
             out: str | None = None) -> Value:
     """x read as a (rows, columns) matrix (one of the two may be None: -1), transposed:
-    (columns, rows), then reshaped to ``shape`` if given (by ``reshape_batch_first``; the
+    (columns, rows), then reshaped to ``shape`` if given (by ``b.ReshapeBatchFirst``; the
     leading dims of ``shape`` are the batch, whose static entries are ``batch_dims``).
 
     The swap is a Transpose (0, 1, 3, 2) of a (1, 1, rows, columns) view, not a 2-D
@@ -213,34 +213,7 @@ def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: s
                      out=out if shape is None else None)
     if shape is None:
         return flat
-    return reshape_batch_first(b, flat, shape, batch_dims, hint=hint, out=out)
-
-
-def reshape_batch_first(b: Builder, flat: Value, shape: Value,
-                        batch_dims: Sequence[int | str | None], hint: str,
-                        out: str | None = None) -> Value:
-    """``flat``, (B, K) or (B,) with B the product of the batch dims, reshaped to
-    ``shape``, a run-time shape whose leading dims are the batch dims (static entries
-    ``batch_dims``) and whose remaining dims are nonzero.
-
-    Reshape's 0 copies the input's dim at the same index (allowzero, which would mean a
-    literal 0, is refused by onnx2torch), so an empty batch such as (2, 0) or (0, 0) must
-    reach the Reshape as an input whose dims are 0 wherever the target's may be: with at
-    most one batch dim, or batch dims that are static and nonzero after the first, the
-    target's only possible 0 is at index 0, where it copies B (0 too); otherwise the input
-    is first viewed as (B, m, ..., m, K) with m = min(B, 1) (a Slice of an Unsqueeze:
-    (B, 1, ..., 1, K) when B > 0, all 0 when B = 0). The Slice copies, so it is only
-    emitted for dynamic batches of rank >= 2."""
-    if all(isinstance(dim, int) and dim > 0 for dim in batch_dims[1:]):
-        return b.Reshape(flat, shape, hint=hint, out=out)
-    middle = list(range(1, len(batch_dims)))
-    widened = b.Unsqueeze(flat, middle, hint=f"{hint}_widened")  # (B, 1, ..., 1[, K])
-    count = b.Shape(flat, 0, 1, hint=f"{hint}_count")  # [B]
-    nonempty = b.Min(count, np.ones(1, np.int64), hint=f"{hint}_nonempty")  # [min(B, 1)]
-    ends = b.Concat(*[nonempty] * len(middle), axis=0, hint=f"{hint}_ends") \
-        if len(middle) > 1 else nonempty
-    view = b.Slice(widened, [0] * len(middle), ends, middle, hint=f"{hint}_view")
-    return b.Reshape(view, shape, hint=hint, out=out)
+    return b.ReshapeBatchFirst(flat, shape, batch_dims, hint=hint, out=out)
 
 
 def _batch_last(b: Builder, a: Value, facts: MatrixFacts, flat: bool) -> Value:
@@ -440,7 +413,7 @@ def _info_from_flags(b: Builder, flags: list[Value], a: Value, facts: MatrixFact
                      hint=f"info{k}_step")
         info = b.Add(info, step, hint=f"info{k}")
     info = b.Reshape(info, [-1], hint="info_flat")  # (B,): a Reshape of (1, B) would copy 1
-    return reshape_batch_first(b, info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
+    return b.ReshapeBatchFirst(info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
                                hint="info", out=out)
 
 
@@ -585,7 +558,7 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
     if info_out:
         flat_info = _info_from_pivots(b, all_pivots, n)
         info = b.Reshape(flat_info, [-1], hint="info_flat")
-        reshape_batch_first(b, info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
+        b.ReshapeBatchFirst(info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
                             hint="info", out=info_out)
     if batch_last:
         return inverse

@@ -33,12 +33,13 @@ Before -> after::
       MIDS and LEAF_STARTS are constants from simulating torch's loop on every path
       (``search_tree``): 5 cheap ops per step on values-sized int32 tensors, O(m log n).
     static n > 2**16: the same loop tracking (start, end) per value (no tables, 8 ops/step)
-    dynamic n: count the elements that send the search right, in O(m (16 + n / 2**16)):
+    dynamic n: count the elements that send the search right, in O(m (5 (k - 1) + n / 2**16)):
         s = Pad(sequence[sorter], one element in front, the dtype's maximum behind)
         count = 2**16 * sum(s[2**16 j] < v for j = 1 .. n // 2**16 + 1)  # (<= right), a MatMul
-        16 times, step = 2**15 .. 1:  probe = count + step   (batched, steps >= 128:
-                                                              min(count + step, n + 1))
-                                      count += step * Cast(s[probe] < v)     # (<= for right)
+        k = the smallest k >= 2 with k**5 > min(n, 2**16 - 1)         # at run time: 2 .. 10
+        5 levels, size = k**4 .. 1:  probes = count + size * (1 .. k - 1)   # ((k - 1), m)
+                                     count += size * sum(s[probes] < v)  # (<=), a MatMul
+          (the first levels' probes clamped to the first sentinel, min(probe, n + 1))
         result = min(count, n), and n for a NaN value; positions in int32
 
 The dynamic form equals torch's search exactly when the sequence is sorted with no NaN
@@ -47,9 +48,9 @@ The dynamic form equals torch's search exactly when the sequence is sorted with 
 Envelope: opsets 11+; sequence and values uint8/int8/int16/int32/int64/float16/bfloat16/
 float32/float64 (compared in the promoted type, widened to int32/float32 where ONNX
 Runtime lacks a kernel or merges casts: exact); ranks must be known; every dim dynamic (the
-search length n static for the exact unrolled forms; a dynamic n costs 17 reads per value
-below 2**16 elements, one more per further 2**16, and must stay below 2**31 - 2**16 - 1:
-MAX_DYNAMIC_LENGTH, int32 positions).
+search length n static for the exact unrolled forms; a dynamic n costs 1 + 5 (k - 1) reads
+per value, k from 2 (n < 32) to 10 (n >= 59049), one more per further 2**16 elements, and
+must stay below 2**31 - 10**5 - 1: MAX_DYNAMIC_LENGTH, int32 positions).
 """
 
 from __future__ import annotations
@@ -85,14 +86,20 @@ TREE_MAX_LENGTH = 2**16
 # so the cost follows the values, not the rows' length.
 ROW_TABLE_MAX_NODES = 2**12
 # A run-time length is searched in blocks of 2**BLOCK_STEPS: one block-boundary read per value
-# and BLOCK_STEPS bisection steps while n < 2**BLOCK_STEPS, plus one read per further block.
+# (plus one per further block), then KARY_LEVELS levels of a k-ary search inside the block,
+# k chosen at run time from n: the smallest k with k**KARY_LEVELS > min(n, BLOCK - 1), so a
+# short row costs few reads (k = 2 up to n = 31) and a full block at most (KARY_MAX - 1) per
+# level. Five levels: four cost 1.2-1.3x more at n = 16 (the per-level ops), six or seven
+# 1.1-1.2x more at n = 16 and 0.7-0.9x at n = 2**16 (fewer probes per level).
 BLOCK_STEPS = 16
 BLOCK = 2**BLOCK_STEPS
-# Sentinels behind each row of a batched run-time-length sequence: steps below this read
-# unclamped (see _build_dynamic).
+KARY_LEVELS = 5
+KARY_MAX = next(k for k in range(2, BLOCK) if k**KARY_LEVELS >= BLOCK)  # 10
+# Sentinels behind each row of a batched run-time-length sequence: levels whose probes reach
+# fewer than this past the row read unclamped (see _kary).
 BATCH_PAD = 2**7
-# The run-time-length form counts in int32: n + BLOCK + 1 must fit.
-MAX_DYNAMIC_LENGTH = 2**31 - BLOCK - 2
+# The run-time-length form counts in int32: n + KARY_MAX**KARY_LEVELS must fit.
+MAX_DYNAMIC_LENGTH = 2**31 - KARY_MAX**KARY_LEVELS - 2
 
 
 def torch_promote_types(a: int, b: int) -> int:
@@ -363,19 +370,18 @@ class SearchSorted(Pattern):
         sorted row, as torch requires) without an (m, n) table, in two stages:
         1. blocks of BLOCK = 2**BLOCK_STEPS elements: count the blocks whose last element
            sends the search right (n // BLOCK + 1 reads per value: one unless n >= BLOCK);
-        2. a branchless bisection inside the block: BLOCK_STEPS steps of
-           ``count += step if s[count + step - 1] < v`` (<= v for right=True).
+        2. a k-ary search inside the block (``_kary``): KARY_LEVELS levels, k from n at run
+           time, so that a short row is searched in few reads (a fixed-depth bisection
+           made 17 reads per value at any n: 4-5x the (m x n) count at n = 16).
         The row is padded with one element in front (so s[i] sits at i + 1 and a count c
         reads its own index) and sentinels behind (the dtype's maximum): a read past the end
         stops the search, unless the value is NaN (or equals the maximum, for right=True),
-        and then min(count, n) is the answer. A 1-D sequence gets BLOCK sentinels, which
-        no probe can pass (the block count is clamped to n // BLOCK), so probes need no
-        clamp; batched rows get BATCH_PAD sentinels (BLOCK per row would cost rows * BLOCK
-        elements per run): probes of steps >= BATCH_PAD are clamped to the first sentinel,
-        the smaller steps (reading at most BATCH_PAD - 1 past a count <= n) are not.
-        Positions are int32 (ONNX Runtime runs the steps ~25% faster than in int64), which
-        bounds a run-time length to MAX_DYNAMIC_LENGTH. Values are (..., m) against a
-        (..., n) sequence: 1-D sequences get flat values."""
+        and then min(count, n) is the answer. A 1-D sequence gets BLOCK sentinels, batched
+        rows BATCH_PAD (BLOCK per row would cost rows * BLOCK elements per run); a level
+        whose probes can reach past them is clamped to the first sentinel.
+        Positions are int32 (ONNX Runtime runs them ~25% faster than int64), which bounds a
+        run-time length to MAX_DYNAMIC_LENGTH. Values are (..., m) against a (..., n)
+        sequence: 1-D sequences get flat values."""
         rank = facts.sequence_rank
         dtype = sequence.dtype
         assert dtype is not None
@@ -439,25 +445,9 @@ class SearchSorted(Pattern):
                           hint="blocks_passed_inside")
         count = count * np.int32(BLOCK)
 
-        # Stage 2: bisection inside the block (arithmetic, not Where: see _build_tree).
-        sentinel_at = length_32 + np.int32(1)
-        for level in range(BLOCK_STEPS - 1, -1, -1):
-            step = 2**level
-            clamped = not one_d and step >= BATCH_PAD
-            if not one_d and facts.right and step == BATCH_PAD // 2:
-                # A value >= the sentinel (right) passed it: back inside the pad.
-                count = b.Min(count, length_32, hint="count_inside")
-            moved = count + np.int32(step)
-            at = b.Min(moved, sentinel_at, hint=f"probe{step}") if clamped else moved
-            read = b.GatherElements(padded, at, -1, hint=f"s_probe{step}")
-            if facts.right:  # count = moved unless s > v
-                stop = b.Cast(b.Greater(read, values, hint=f"stop{step}"), np.int32,
-                              hint=f"stop{step}_int")
-                count = moved - (stop * np.int32(step) if step > 1 else stop)
-            else:  # count += step if s < v
-                passes = b.Cast(b.Less(read, values, hint=f"passes{step}"), np.int32,
-                                hint=f"passes{step}_int")
-                count = count + (passes * np.int32(step) if step > 1 else passes)
+        # Stage 2: a k-ary search inside the block.
+        count = self._kary(b, padded, values, facts, count, length_32,
+                           length_32 + np.int32(1), None if one_d else row_zeros)
         fix_nan = not facts.right and dtype.kind == "f"
         last = facts.out_type == T.INT32 and not fix_nan
         count = b.Min(count, length_32, hint="result" if last else "count",
@@ -471,6 +461,114 @@ class SearchSorted(Pattern):
         if not last:
             count = b.Cast(count, facts.out_type, hint="result", out=out)
         return count
+
+    @staticmethod
+    def _kary(b: Builder, padded: Value, values: Value, facts: SearchFacts, count: Value,
+              length_32: Value, sentinel_at: Value, row_zeros: Value | None) -> Value:
+        """KARY_LEVELS levels of a k-ary search with a run-time k: the smallest k >= 2 with
+        k**L > min(n, BLOCK - 1). Level l (size = k**(L-1-l)) reads the k - 1 probes
+        count + j * size, j = 1 .. k - 1, and moves count by size for each that passes
+        (a sorted row passes a prefix of them)."""
+        levels = KARY_LEVELS
+        rank = facts.sequence_rank
+        span = b.Add(b.Min(length_32, np.array([BLOCK - 1], np.int32), hint="span_n"),
+                     np.int32(1), hint="span")  # (1,) int32: values a block search can give
+        root = b.Ceil(b.Pow(b.Cast(span, np.float32, hint="span_f"),
+                            np.float32(1.0 / levels), hint="span_root"), hint="k_f")
+        k = b.Cast(root, np.int32, hint="k_rough")
+        power = k
+        for _ in range(levels - 1):
+            power = b.Mul(power, k, hint="k_power")
+        # Pow may round the root down past an integer: one more then.
+        k = b.Add(k, b.Cast(b.Less(power, span, hint="k_short"), np.int32, hint="k_fix"),
+                  hint="k_exact")
+        k = b.Max(k, np.array([2], np.int32), hint="k")  # (1,): at least one probe
+        probe_ids = b.Range(np.int32(1), b.Squeeze(k, [0], hint="k_0d"), np.int32(1),
+                            hint="probe_ids")  # 1 .. k - 1
+        offsets = b.Unsqueeze(probe_ids, [1], hint="offsets")  # (k - 1, 1)
+        ones = b.Unsqueeze(b.Cast(b.Greater(probe_ids, np.int32(0), hint="every_probe"),
+                                  np.float32, hint="ones_f"), [0], hint="ones")  # (1, k - 1)
+        sizes: list[Value | None] = [None]  # 1, k, k**2, ... (None: 1)
+        for _ in range(levels - 1):
+            sizes.append(k if sizes[-1] is None else b.Mul(sizes[-1], k, hint="size"))
+        sizes.reverse()
+        # Everything 2-D: the values (and their counts) as one (1, M) row, the sequence as
+        # one (1, L) row (batched rows one after the other; a value's probes are offset to
+        # its row's start). A probe grid (k - 1, M) reads with one GatherElements on a flat
+        # (1, (k - 1) M) index and comes back by Reshape to the grid's own Shape: TVM's
+        # importer takes no computed reshape target, and the only dim that can be 0 (M) is
+        # copied from the read's, which is 0 then too. onnx2tf mislaid the same search on
+        # (rows, k - 1, m) grids (wrong numbers from tf_converter).
+        flat_row = np.array([1, -1], np.int64)
+        data = b.Reshape(padded, flat_row, hint="sequence_row")  # (1, L)
+        values_row = b.Reshape(values, flat_row, hint="values_row")  # (1, M)
+        one_d = row_zeros is None
+        guard = BLOCK if one_d else BATCH_PAD
+        row_start = count_rows = None
+        if row_zeros is not None:
+            # Batched: the count runs in flat positions (its row's start + count), and so do
+            # the bounds, which saves an Add per level. Row starts from an exclusive CumSum
+            # down the values' (rows, 1) zeros plus one: a Range over the row count would
+            # carry a dim TVM's importer cannot match to the values'.
+            row_length = b.Cast(b.Shape(padded, rank - 1, rank, hint="row_length_64"),
+                                np.int32, hint="row_length")
+            row_ids = b.CumSum(b.Flatten(b.Cast(row_zeros, np.int32, hint="row_zeros_int")
+                                         + np.int32(1), rank - 1, hint="row_ones"),
+                               0, exclusive=True, hint="row_ids")  # (rows, 1)
+            count_rows = b.Flatten(count, rank - 1, hint="count_rows")  # (rows, m)
+            at_rows = b.Add(count_rows, b.Mul(row_ids, row_length, hint="row_starts"),
+                            hint="count_at_rows")
+            count = b.Reshape(at_rows, flat_row, hint="count_at")
+            row_start = b.Sub(count, b.Reshape(count_rows, flat_row, hint="count_local"),
+                              hint="row_start")  # (1, M)
+            sentinel_at = b.Add(row_start, sentinel_at, hint="sentinel_at")
+            if facts.right:
+                length_32 = b.Add(row_start, length_32, hint="row_end")
+        else:
+            count = b.Reshape(count, flat_row, hint="count_row")
+        for level, size in enumerate(sizes):
+            steps = offsets if size is None else b.Mul(offsets, size, hint=f"steps{level}")
+            unclamped = (KARY_MAX - 1) * KARY_MAX**(levels - 1 - level) < guard
+            if facts.right and unclamped and level > 0 and \
+                    (KARY_MAX - 1) * KARY_MAX**(levels - level) >= guard:
+                # A value >= the sentinel (right) passed it: back inside the pad.
+                count = b.Min(count, length_32, hint="count_inside")
+            # Probes on the first axis, (k - 1, M): every broadcast repeats whole rows of
+            # values (ONNX Runtime broadcasting a short inner axis, (M, k - 1), ran 10x
+            # slower), and the passes are summed by a (1, k - 1) MatMul.
+            at = b.Add(count, steps, hint=f"probes{level}")  # (k - 1, M)
+            if not unclamped:
+                at = b.Min(at, sentinel_at, hint=f"probes{level}_clamped")
+            read = b.Reshape(
+                b.GatherElements(data, b.Reshape(at, flat_row, hint=f"probes{level}_flat"),
+                                 1, hint=f"s_probes{level}"),
+                b.Shape(at, hint=f"probes{level}_shape"), hint=f"s_probes{level}_grid")
+            if facts.right:
+                passes = b.Not(b.Greater(read, values_row, hint=f"stops{level}"),
+                               hint=f"passes{level}")
+            else:
+                passes = b.Less(read, values_row, hint=f"passes{level}")
+            # passes . (size, ..., size): the count's move, exact in float32 (< 2**24)
+            weights = ones if size is None else b.Mul(
+                ones, b.Cast(size, np.float32, hint=f"size{level}_f"), hint=f"weights{level}")
+            moved = b.MatMul(weights, b.Cast(passes, np.float32, hint=f"passes{level}_f"),
+                             hint=f"moved{level}_f")  # (1, M)
+            count = count + b.Cast(moved, np.int32, hint=f"moved{level}")
+        if one_d:
+            return b.Reshape(count, [-1], hint="count_flat")
+        assert row_start is not None and count_rows is not None
+        count = b.Sub(count, row_start, hint="count_in_row")
+        # Back to (rows, m). Reshape's 0 copies the input's dim: (1, M) gives m = 0 right
+        # (M = 0 then), and rows = 0 once the 1 is sliced to rows (a Slice of ends >= 1
+        # keeps it); a computed (or Min-clamped) target would stop TVM's importer.
+        count = b.Reshape(b.Slice(count, np.zeros(1, np.int64),
+                                  b.Shape(count_rows, 0, 1, hint="rows_end"), [0],
+                                  hint="count_rows_kept"),
+                          b.Shape(count_rows, hint="rows_shape"), hint="count_rows_out")
+        if rank == 2:
+            return count
+        return b.ReshapeBatchFirst(count, b.Shape(values, hint="values_shape"),
+                                   facts.values_shape[:-1], hint="count_shaped")
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: SearchFacts
                      ) -> list[OutputType]:

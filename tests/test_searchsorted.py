@@ -18,7 +18,7 @@ import decomposer
 from decomposer.patterns.searchsorted import (
     BATCH_PAD,
     BLOCK,
-    BLOCK_STEPS,
+    KARY_LEVELS,
     ROW_TABLE_MAX_NODES,
     SearchSorted,
 )
@@ -75,13 +75,9 @@ def test_static_length_sorted_and_irregular_sequences(attrs):
 def test_dynamic_length_sorted_sequences(attrs):
     results = check_pattern(SearchSorted(), cases(SORTED, attrs, True), opsets=[11, 17],
                             oracle=torch_searchsorted, atol=0, rtol=0)
-    # One block-boundary read, then BLOCK_STEPS bisection reads, whatever n is.
+    # One block-boundary read, then one read of k - 1 probes per level of the k-ary search.
     assert all(r.op_types.count("Gather") == 3 for r in results)  # 2 of them read n
-    assert all(r.op_types.count("GatherElements") == BLOCK_STEPS for r in results)
-    # 1-D: BLOCK sentinels behind the row, no probe is clamped (only the result, and for
-    # right the block count; integer Min is a Where below opset 12)
-    right = bool(attrs.get("right") or attrs.get("side") == "right")
-    assert all(r.op_types.count("Min") == 1 + right for r in results if r.opset >= 12)
+    assert all(r.op_types.count("GatherElements") == KARY_LEVELS for r in results)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"right": 1, "out_int32": 1}])
@@ -105,6 +101,33 @@ def test_dynamic_length_across_blocks(attrs):
              output_dtype=np.int32 if attrs else np.int64, output_rank=2, symbolic="all",
              more_inputs=[[np.stack([sequence] * 3), np.zeros((3, 0), np.float32)]])],
         opsets=[11, 17], oracle=torch_searchsorted, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"right": 1}])
+def test_dynamic_length_at_every_branching_change(attrs):
+    """The k-ary search picks k at run time (k**KARY_LEVELS > n): lengths on both sides of
+    each change of k (32 = 2**5, 243 = 3**5, ..., 59049 = 9**5) and of the block, with
+    every element, the midpoints and both ends as values, 1-D and batched, in one model."""
+    rng = np.random.default_rng(21)
+    lengths = [1, 31, 32, 33, 242, 243, 1023, 1024, 3125, 7776, 59048, 59049, BLOCK - 1,
+               BLOCK, BLOCK + 1]
+    assert KARY_LEVELS == 5  # the lengths above are the k**5 of this
+
+    def inputs(n):
+        sequence = np.sort(rng.integers(-n, n + 1, n)).astype(np.float32)  # ties too
+        picks = sequence[rng.integers(0, n, 300)]
+        values = np.concatenate([picks, picks + 0.5, sequence[[0, -1]], [-2.0 * n - 1,
+                                                                          2.0 * n + 1]])
+        return sequence, values.astype(np.float32)
+
+    flat = [inputs(n) for n in lengths]
+    rows = [(np.stack([s, s[::-1] * -1]), np.stack([v, -v])) for s, v in flat]
+    check_pattern(SearchSorted(), [
+        Case(list(flat[0]), attrs, output_dtype=np.int64, output_rank=1, symbolic="all",
+             more_inputs=[list(pair) for pair in flat[1:]], id="1-D"),
+        Case(list(rows[0]), attrs, output_dtype=np.int64, output_rank=2, symbolic="all",
+             more_inputs=[list(pair) for pair in rows[1:]], id="batched")],
+        opsets=[17], oracle=torch_searchsorted, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("dtype", [np.int64, np.int32, np.uint8])
@@ -198,11 +221,8 @@ def test_batched_sequences_with_and_without_sorter(dynamic_length, attrs):
         Case([sequences, values], attrs, symbolic=symbolic, output_dtype=np.int64,
              output_rank=3, more_inputs=[[sequences[:1], values[:1, :, :1]]])],
         opsets=[11, 13], oracle=torch_searchsorted, atol=0, rtol=0)
-    if dynamic_length:  # clamped probes only for the steps >= BATCH_PAD (9 of 16); then
-        # the block ends, the result, and for right one clamp of the count
-        clamped = BLOCK_STEPS - BATCH_PAD.bit_length() + 1
-        assert all(r.op_types.count("Min") == clamped + 2 + bool(attrs) for r in results
-                   if r.opset >= 12)
+    if dynamic_length:  # the block-end read, then one per level
+        assert all(r.op_types.count("GatherElements") == 1 + KARY_LEVELS for r in results)
     # A shuffled sequence with the sorter that orders it (and a 1-D one).
     order = np.argsort(rng.random((2, 3, 9)), -1)
     shuffled = np.take_along_axis(sequences, order, -1)
