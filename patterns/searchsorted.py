@@ -512,9 +512,12 @@ class SearchSorted(Pattern):
             # carry a dim TVM's importer cannot match to the values'.
             row_length = b.Cast(b.Shape(padded, rank - 1, rank, hint="row_length_64"),
                                 np.int32, hint="row_length")
-            row_ids = b.CumSum(b.Flatten(b.Cast(row_zeros, np.int32, hint="row_zeros_int")
-                                         + np.int32(1), rank - 1, hint="row_ones"),
-                               0, exclusive=True, hint="row_ids")  # (rows, 1)
+            # (A float CumSum, exact below 2**24 rows: TensorRT lists CumSum for floats.)
+            row_ids = b.Cast(b.CumSum(b.Flatten(b.Cast(row_zeros, np.float32,
+                                                       hint="row_zeros_f") + np.float32(1),
+                                                rank - 1, hint="row_ones"),
+                                      0, exclusive=True, hint="row_ids_f"),
+                             np.int32, hint="row_ids")  # (rows, 1)
             count_rows = b.Flatten(count, rank - 1, hint="count_rows")  # (rows, m)
             at_rows = b.Add(count_rows, b.Mul(row_ids, row_length, hint="row_starts"),
                             hint="count_at_rows")
