@@ -544,8 +544,9 @@ class Builder:
         batch dim, or batch dims that are static and nonzero after the first, the target's
         only possible 0 is at index 0, where it copies B (0 too); otherwise the input is
         first viewed as (B, m, ..., m[, K]) with m = min(B, 1), a Slice of an Unsqueeze:
-        (B, 1, ..., 1, K) when B > 0, all 0 when B = 0. The Slice copies, so it is only
-        emitted for dynamic batches of rank >= 2."""
+        (B, 1, ..., 1, K) when B > 0, all 0 when B = 0. The Slice copies, and TVM's
+        importer cannot take the Min of a shape, so it is only emitted for dynamic batches
+        of rank >= 2."""
         value = self._operand(flat, None, "reshape_in")
         if all(isinstance(dim, int) and dim > 0 for dim in batch_dims[1:]):
             return self.Reshape(value, shape, hint=hint, out=out)

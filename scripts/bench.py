@@ -23,7 +23,8 @@ AffineGrid-20 node also run on OpenVINO CPU (f32 precision hint, same thread cou
 interleaved with each other: the ``openvino`` column is their ratio. ``--sampler`` runs the
 GridSample section (``scripts/bench_grid_sample.py``: the GridSample pattern in every mode
 against ORT's native GridSample-16, and the seed STN decomposed at opset 11 against native
-nodes at 16). ``--rotation`` times
+nodes at 16); ``--aten`` and ``--linalg`` run the ATen-op and linear algebra sections
+(``scripts/bench_aten.py``, ``scripts/bench_linalg.py``). ``--rotation`` times
 Rot90AndScale decomposed (portable and ``ort`` targets) against a hand-written
 Slice + Transpose + Mul.
 
@@ -392,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
                              "every mode against ORT's GridSample-16, and the seed STN at "
                              "opset 11 against 16 (scripts/bench_grid_sample.py, 1 thread, "
                              "CPU time, its own JSON)")
+    parser.add_argument("--aten", action="store_true",
+                        help="also run the ATen-op section (scripts/bench_aten.py: rot90, "
+                             "tril/triu, cummax, searchsorted against hand-written graphs "
+                             "and torch; its own JSON)")
+    parser.add_argument("--linalg", action="store_true",
+                        help="also run the linear algebra section (scripts/bench_linalg.py: "
+                             "inverse, linalg_inv_ex, solve, attention; its own JSON)")
     parser.add_argument("--json", default="bench-results/bench.json")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
@@ -424,6 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         print()
         bench_grid_sample.main(["--rounds", str(rounds), "--cpu-time", "--json",
                                 str(Path(args.json).with_name("bench_grid_sample.json"))])
+    threads = [str(t) for t in args.threads]
+    for wanted, module_name in ((args.aten, "bench_aten"), (args.linalg, "bench_linalg")):
+        if wanted:
+            module = __import__(module_name)
+            print()
+            module.main(["--rounds", str(rounds), "--threads", *threads, "--json",
+                         str(Path(args.json).with_name(f"{module_name}.json"))])
     rotation = []
     if args.rotation:
         for label, shape, k in ROTATION_CASES:
