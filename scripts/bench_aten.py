@@ -20,7 +20,9 @@ Variants, all timed in one process, interleaved in a shuffled order each round:
   with ``onnx.helper`` and static shapes (constants precomputed), independent of the
   pattern's code: the baseline. ``hand_*``: other hand-written forms (``hand_slice``: a
   Slice with step -1, fast on ONNX Runtime but not portable; ``hand_trilu``: Trilu-14;
-  ``hand_mask``: an (n x n) mask-and-reduce cummax; ``hand_count_dynamic``: searchsorted
+  ``hand_mask``: an (n x n) mask-and-reduce cummax; ``hand_scan_dynamic``: the cummax pair
+  scan with the length at run time (31 steps), whose ratio ``decomposer_dynamic`` reports
+  under ``vs_hand_dynamic``; ``hand_count_dynamic``: searchsorted
   as (n x m) compares and a sum, n at run time; ``hand_bisect_dynamic``: a fixed-depth
   bisection with n at run time, clamped probes; searchsorted also reports
   ``vs_hand_dynamic``, the ratios to the faster of those two, the honest baseline for
@@ -313,6 +315,50 @@ def cummax_hand_pair_scan(shape, dim: int) -> onnx.ModelProto:
                      info("indices", TensorProto.INT64, [None] * rank)], 13, inits)
 
 
+def cummax_hand_pair_scan_dynamic(shape, dim: int) -> onnx.ModelProto:
+    """The pair scan with the length along ``dim`` known only at run time: without control
+    flow it runs the 31 steps of the longest int32 length, each shift as
+    ``Concat(t[:s], t)[:n]`` (Pad cannot shift by more than a run-time length; taking an
+    element with itself changes nothing, so t's own first elements stand in for the fill)."""
+    rank = len(shape)
+    nodes = [helper.make_node("Shape", ["x"], ["x_shape"]),
+             helper.make_node("Gather", ["x_shape", "dim_index"], ["n_1d"], axis=0),
+             helper.make_node("Squeeze", ["n_1d", "zero_axis"], ["n"]),
+             helper.make_node("Range", ["zero", "n", "one"], ["range"]),
+             helper.make_node("Unsqueeze", ["range", "other_axes"], ["i0"])
+             if rank > 1 else helper.make_node("Identity", ["range"], ["i0"])]
+    inits = [ints("dim_index", [dim]), ints("zero_axis", [0]), const("zero", np.int64(0)),
+             const("one", np.int64(1)), ints("axis_list", [dim]), ints("starts", [0]),
+             ints("other_axes", [a for a in range(rank) if a != dim])]
+    v, i = "x", "i0"
+    for bit in range(31):
+        s = 1 << bit
+        inits.append(ints(f"s{s}", [s]))
+        for name, t in (("ev", v), ("ei", i)):
+            nodes += [
+                helper.make_node("Slice", [t, "starts", f"s{s}", "axis_list"],
+                                 [f"{name}{s}_front"]),
+                helper.make_node("Concat", [f"{name}{s}_front", t], [f"{name}{s}_joined"],
+                                 axis=dim),
+                helper.make_node("Slice", [f"{name}{s}_joined", "starts", "n_1d", "axis_list"],
+                                 [f"{name}{s}"])]
+        nodes += [
+            helper.make_node("Greater", [f"ev{s}", v], [f"gt{s}"]),
+            helper.make_node("IsNaN", [f"ev{s}"], [f"en{s}"]),
+            helper.make_node("IsNaN", [v], [f"n{s}"]),
+            helper.make_node("Not", [f"n{s}"], [f"nn{s}"]),
+            helper.make_node("And", [f"en{s}", f"nn{s}"], [f"nh{s}"]),
+            helper.make_node("Or", [f"gt{s}", f"nh{s}"], [f"take{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ev{s}", v], [f"v{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ei{s}", i], [f"i{s}"])]
+        v, i = f"v{s}", f"i{s}"
+    nodes += [helper.make_node("Identity", [i], ["indices"]),
+              helper.make_node("GatherElements", ["x", i], ["values"], axis=dim)]
+    return model_of(nodes, [info("x", F32, [f"d{a}" for a in range(rank)])],
+                    [info("values", F32, [None] * rank),
+                     info("indices", TensorProto.INT64, [None] * rank)], 13, inits)
+
+
 def cummax_hand_mask(shape, dim: int) -> onnx.ModelProto:
     """(n x n) table of x[j] for j <= i, reduced: max, then the last j holding it (NaN:
     the last NaN), the masks precomputed."""
@@ -361,15 +407,21 @@ def bench_cummax(threads: int, rounds: int, quick: bool) -> list[dict]:
             "decomposer_dynamic": OrtRunner(aten_model(
                 "cummax", [("x", x, symbolic(x, "d"))], [np.int64(dim)], outputs, 13),
                 {"x": x}, threads),
-            "hand": OrtRunner(cummax_hand_pair_scan(shape, dim), {"x": x}, threads)}
+            "hand": OrtRunner(cummax_hand_pair_scan(shape, dim), {"x": x}, threads),
+            "hand_scan_dynamic": OrtRunner(cummax_hand_pair_scan_dynamic(shape, dim),
+                                           {"x": x}, threads)}
         if shape[dim] <= 256:
             variants["hand_mask"] = OrtRunner(cummax_hand_mask(shape, dim), {"x": x}, threads)
         xt = torch.from_numpy(x)
         values, indices = torch.cummax(xt, dim)
         check_equal(variants, [values.numpy(), indices.numpy()], label)
         variants["torch_eager"] = lambda xt=xt, dim=dim: torch.cummax(xt, dim)
-        results.append({"op": "cummax", "case": label, "threads": threads,
-                        **measure(variants, rounds)})
+        result = measure(variants, rounds)
+        # decomposer_dynamic against the run-time-length hand scan, like for like
+        result["vs_hand_dynamic"] = {
+            "decomposer_dynamic": result["median_ms"]["decomposer_dynamic"]
+            / result["median_ms"]["hand_scan_dynamic"], "hand_scan_dynamic": 1.0}
+        results.append({"op": "cummax", "case": label, "threads": threads, **result})
     return results
 
 
