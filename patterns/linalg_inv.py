@@ -420,6 +420,26 @@ def _info_from_flags(b: Builder, flags: list[Value], a: Value, facts: MatrixFact
 # -- Gauss-Jordan elimination ---------------------------------------------------------------
 
 
+def _choose_pivot(b: Builder, column: Value, unused: Value | None, row_ids: np.ndarray,
+                  k: int, n: int, dtype: np.dtype) -> tuple[Value, Value, Value | None]:
+    """Column k's pivot row: the first largest |value| among the rows not used yet (LAPACK's
+    choice). Returns (chosen row, one-hot of it over the rows, the rows still unused after
+    this step: None before the first step and after the last)."""
+    if k == n - 1 and unused is not None:  # one row is left
+        chosen = b.ArgMax(b.Cast(unused, dtype, hint="last_row_f"), axis=0,
+                          hint=f"pivot_row{k}")
+    else:
+        score = b.Abs(column, hint=f"abs{k}")
+        if unused is not None:
+            score = b.Where(unused, score, -1.0, hint=f"score{k}")
+        chosen = b.ArgMax(score, axis=0, hint=f"pivot_row{k}")
+    hot = b.Equal(row_ids, chosen, hint=f"hot{k}")
+    if k < n - 1:
+        unused = b.Not(hot, hint=f"unused{k}") if unused is None else \
+            b.Xor(unused, hot, hint=f"unused{k}")
+    return chosen, hot, unused
+
+
 def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | None,
                         info_out: str | None, batch_last: bool) -> Value:
     """Unrolled Gauss-Jordan on [A | I] with partial pivoting, rows never swapped: each
@@ -442,19 +462,8 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
     for k in range(n):
         width = 2 * n - k
         column, rest = b.Split(work, [1, width - 1], axis=1, hint=f"col{k}")  # (n, 1, *)
-        if k == n - 1 and unused is not None:  # one row is left
-            chosen = b.ArgMax(b.Cast(unused, dtype, hint="last_row_f"), axis=0,
-                              hint=f"pivot_row{k}")
-        else:
-            score = b.Abs(column, hint=f"abs{k}")
-            if unused is not None:
-                score = b.Where(unused, score, -1.0, hint=f"score{k}")
-            chosen = b.ArgMax(score, axis=0, hint=f"pivot_row{k}")  # (1, 1, *)
-        pivot_rows.append(chosen)
-        hot = b.Equal(row_ids, chosen, hint=f"hot{k}")  # (n, 1, *)
-        if k < n - 1:
-            unused = b.Not(hot, hint=f"unused{k}") if unused is None else \
-                b.Xor(unused, hot, hint=f"unused{k}")
+        chosen, hot, unused = _choose_pivot(b, column, unused, row_ids, k, n, dtype)
+        pivot_rows.append(chosen)  # (1, 1, *); hot: (n, 1, *)
         # The index is broadcast by adding zeros, not by Expand: TVM cannot import an
         # Expand of a tensor whose dims are symbolic.
         row = b.GatherElements(work, chosen + np.zeros((1, width, *tail), np.int64), axis=0,
@@ -509,19 +518,8 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
         width = 2 * n - k
         column = b.Gather(work, [i * width for i in range(n)], axis=0,
                           hint=f"col{k}")  # (n, B)
-        if k == n - 1 and unused is not None:  # one row is left
-            chosen = b.ArgMax(b.Cast(unused, dtype, hint="last_row_f"), axis=0,
-                              hint=f"pivot_row{k}")
-        else:
-            score = b.Abs(column, hint=f"abs{k}")
-            if unused is not None:
-                score = b.Where(unused, score, -1.0, hint=f"score{k}")
-            chosen = b.ArgMax(score, axis=0, hint=f"pivot_row{k}")  # (1, B)
-        pivot_rows.append(chosen)
-        hot = b.Equal(row_ids, chosen, hint=f"hot{k}")  # (n, B)
-        if k < n - 1:
-            unused = b.Not(hot, hint=f"unused{k}") if unused is None else \
-                b.Xor(unused, hot, hint=f"unused{k}")
+        chosen, hot, unused = _choose_pivot(b, column, unused, row_ids, k, n, dtype)
+        pivot_rows.append(chosen)  # (1, B); hot: (n, B)
         pivot = b.GatherElements(column, chosen, 0, hint=f"pivot{k}")  # (1, B)
         pivots.append(pivot)
         if width == 1:

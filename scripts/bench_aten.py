@@ -282,6 +282,19 @@ CUMMAX_CASES = [  # (label, shape, dim)
 ]
 
 
+def _pair_scan_step(v: str, i: str, s: int) -> list[onnx.NodeProto]:
+    """One doubling step over (value, index) pairs v/i and their shifted copies ev{s}/ei{s}:
+    take the earlier pair when it is strictly greater, or NaN over a number."""
+    return [helper.make_node("Greater", [f"ev{s}", v], [f"gt{s}"]),
+            helper.make_node("IsNaN", [f"ev{s}"], [f"en{s}"]),
+            helper.make_node("IsNaN", [v], [f"n{s}"]),
+            helper.make_node("Not", [f"n{s}"], [f"nn{s}"]),
+            helper.make_node("And", [f"en{s}", f"nn{s}"], [f"nh{s}"]),
+            helper.make_node("Or", [f"gt{s}", f"nh{s}"], [f"take{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ev{s}", v], [f"v{s}"]),
+            helper.make_node("Where", [f"take{s}", f"ei{s}", i], [f"i{s}"])]
+
+
 def cummax_hand_pair_scan(shape, dim: int) -> onnx.ModelProto:
     """(value, index) pairs through one doubling scan: take the earlier pair when it is
     strictly greater, or NaN over a number (torch's rule); shifts by negative Pad."""
@@ -295,17 +308,9 @@ def cummax_hand_pair_scan(shape, dim: int) -> onnx.ModelProto:
         pads = [0] * (2 * rank)
         pads[dim], pads[rank + dim] = s, -s
         inits.append(ints(f"p{s}", pads))
-        nodes += [
-            helper.make_node("Pad", [v, f"p{s}", "lowest"], [f"ev{s}"]),
-            helper.make_node("Pad", [i, f"p{s}", "minus1"], [f"ei{s}"]),
-            helper.make_node("Greater", [f"ev{s}", v], [f"gt{s}"]),
-            helper.make_node("IsNaN", [f"ev{s}"], [f"en{s}"]),
-            helper.make_node("IsNaN", [v], [f"n{s}"]),
-            helper.make_node("Not", [f"n{s}"], [f"nn{s}"]),
-            helper.make_node("And", [f"en{s}", f"nn{s}"], [f"nh{s}"]),
-            helper.make_node("Or", [f"gt{s}", f"nh{s}"], [f"take{s}"]),
-            helper.make_node("Where", [f"take{s}", f"ev{s}", v], [f"v{s}"]),
-            helper.make_node("Where", [f"take{s}", f"ei{s}", i], [f"i{s}"])]
+        nodes += [helper.make_node("Pad", [v, f"p{s}", "lowest"], [f"ev{s}"]),
+                  helper.make_node("Pad", [i, f"p{s}", "minus1"], [f"ei{s}"]),
+                  *_pair_scan_step(v, i, s)]
         v, i = f"v{s}", f"i{s}"
         s *= 2
     nodes += [helper.make_node("Identity", [i], ["indices"]),
@@ -342,15 +347,7 @@ def cummax_hand_pair_scan_dynamic(shape, dim: int) -> onnx.ModelProto:
                                  axis=dim),
                 helper.make_node("Slice", [f"{name}{s}_joined", "starts", "n_1d", "axis_list"],
                                  [f"{name}{s}"])]
-        nodes += [
-            helper.make_node("Greater", [f"ev{s}", v], [f"gt{s}"]),
-            helper.make_node("IsNaN", [f"ev{s}"], [f"en{s}"]),
-            helper.make_node("IsNaN", [v], [f"n{s}"]),
-            helper.make_node("Not", [f"n{s}"], [f"nn{s}"]),
-            helper.make_node("And", [f"en{s}", f"nn{s}"], [f"nh{s}"]),
-            helper.make_node("Or", [f"gt{s}", f"nh{s}"], [f"take{s}"]),
-            helper.make_node("Where", [f"take{s}", f"ev{s}", v], [f"v{s}"]),
-            helper.make_node("Where", [f"take{s}", f"ei{s}", i], [f"i{s}"])]
+        nodes += _pair_scan_step(v, i, s)
         v, i = f"v{s}", f"i{s}"
     nodes += [helper.make_node("Identity", [i], ["indices"]),
               helper.make_node("GatherElements", ["x", i], ["values"], axis=dim)]
