@@ -50,7 +50,8 @@ float32/float64 (compared in the promoted type, widened to int32/float32 where O
 Runtime lacks a kernel or merges casts: exact); ranks must be known; every dim dynamic (the
 search length n static for the exact unrolled forms; a dynamic n costs 1 + 5 (k - 1) reads
 per value, k from 2 (n < 32) to 10 (n >= 59049), one more per further 2**16 elements, and
-must stay below 2**31 - 10**5 - 1: MAX_DYNAMIC_LENGTH, int32 positions).
+must stay below 2**31 - 10**5 - 1: MAX_DYNAMIC_LENGTH, int32 positions; batched rows are
+searched in one flat row, so rows x (n + 129) must stay below that too: 8 GiB of float32).
 """
 
 from __future__ import annotations
