@@ -543,10 +543,10 @@ class Builder:
         Reshape as an input whose dims are 0 wherever the target's may be: with at most one
         batch dim, or batch dims that are static and nonzero after the first, the target's
         only possible 0 is at index 0, where it copies B (0 too); otherwise the input is
-        first viewed as (B, m, ..., m[, K]) with m = min(B, 1), a Slice of an Unsqueeze:
-        (B, 1, ..., 1, K) when B > 0, all 0 when B = 0. The Slice copies, and TVM's
-        importer cannot take the Min of a shape, so it is only emitted for dynamic batches
-        of rank >= 2."""
+        first viewed as (B, m, ..., m[, K]) with m = min(B, 1): (B, 1, ..., 1, K) sliced to
+        B along each 1 (a Slice end past a dim stops at the dim, so 1 stays 1 and 0 gives
+        0; no Min of a shape, which TVM's importer cannot take). The Slice copies, so it is
+        only emitted for dynamic batches of rank >= 2."""
         value = self._operand(flat, None, "reshape_in")
         if all(isinstance(dim, int) and dim > 0 for dim in batch_dims[1:]):
             return self.Reshape(value, shape, hint=hint, out=out)
@@ -554,9 +554,8 @@ class Builder:
         middle = list(range(1, len(batch_dims)))
         widened = self.Unsqueeze(value, middle, hint=f"{base}_widened")  # (B, 1, .., 1[, K])
         count = self.Shape(value, 0, 1, hint=f"{base}_count")  # [B]
-        nonempty = self.Min(count, np.ones(1, np.int64), hint=f"{base}_nonempty")
-        ends = (self.Concat(*[nonempty] * len(middle), axis=0, hint=f"{base}_ends")
-                if len(middle) > 1 else nonempty)
+        ends = (self.Concat(*[count] * len(middle), axis=0, hint=f"{base}_ends")
+                if len(middle) > 1 else count)
         view = self.Slice(widened, [0] * len(middle), ends, middle, hint=f"{base}_view")
         return self.Reshape(view, shape, hint=hint, out=out)
 

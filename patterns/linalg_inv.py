@@ -566,14 +566,15 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
 
 def _info_from_pivots(b: Builder, all_pivots: Value, n: int) -> Value:
     """LAPACK's info from the pivots, (n, B) -> (1, B) int32: the 1-based index of the
-    first zero pivot, 0 if none."""
+    first zero pivot, 0 if none. Arithmetic, no Where: LiteRT's SELECT (onnx2tf's
+    flatbuffer_direct) refused the Where form with two batch dims."""
     ranks = np.arange(n, 0, -1, dtype=np.int32).reshape(n, 1)  # earlier columns score higher
-    zero = b.Equal(all_pivots, 0.0, hint="zero_pivot")
-    score = b.ReduceMax(b.Where(zero, ranks, np.zeros((), np.int32), hint="zero_score"),
-                        [0], keepdims=True, hint="first_zero")  # (1, B)
-    first = b.Sub(np.int32(n + 1), score, hint="first_zero_index")
-    return b.Where(b.Greater(score, np.int32(0)), first, np.zeros((), np.int32),
-                   hint="info_2d")
+    zero = b.Cast(b.Equal(all_pivots, 0.0, hint="zero_pivot"), np.int32, hint="zero_pivot_i")
+    score = b.ReduceMax(b.Mul(zero, ranks, hint="zero_score"), [0], keepdims=True,
+                        hint="first_zero")  # (1, B): n + 1 - (first zero), or 0
+    found = b.Cast(b.Greater(score, np.int32(0), hint="any_zero_b"), np.int32,
+                   hint="any_zero")
+    return b.Sub(b.Mul(found, np.int32(n + 1), hint="info_base"), score, hint="info_2d")
 
 
 def _build_info(b: Builder, all_pivots: Value, facts: MatrixFacts, out: str) -> Value:

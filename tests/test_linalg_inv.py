@@ -468,6 +468,14 @@ def portability_cases():
     mixed = np.concatenate([singular, needs_pivoting(rng, (2,), 4)])
     inverse, info = torch_inverse_ex(mixed)
     assert info.tolist() == [1, 2, 3, 4, 0, 0]  # the premise
+    # Two dynamic batch dims: the result goes back through Builder.ReshapeBatchFirst's view
+    # (an empty dim after the first would otherwise be copied wrong), which TVM must import.
+    sets = [needs_pivoting(rng, (2, 3), 3), needs_pivoting(rng, (3, 2), 5)]
+    for n, a in zip((3, 5), sets, strict=True):
+        cases.append({"id": f"linalg_inv_ex n={n}, two dynamic batch dims (aten)",
+                      "model": aten_model("linalg_inv_ex", n, batch=("B", "C")),
+                      "feeds": [{"A": a}], "expected": [list(torch_inverse_ex(a))],
+                      "atol": 1e-5})
     model = aten_model("linalg_inv_ex", 4)
     model.graph.node.append(helper.make_node("Slice", ["X", "four", "end", "zero"],
                                              ["X_regular"], name="regular_rows"))
