@@ -412,8 +412,13 @@ def _info_from_flags(b: Builder, flags: list[Value], a: Value, facts: MatrixFact
         step = b.Mul(flag_ints[k - 1], b.Sub(np.int32(k), info, hint=f"info{k}_gap"),
                      hint=f"info{k}_step")
         info = b.Add(info, step, hint=f"info{k}")
-    info = b.Reshape(info, [-1], hint="info_flat")  # (B,): a Reshape of (1, B) would copy 1
-    return b.ReshapeBatchFirst(info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
+    return _info_to_batch(b, info, a, facts, out)
+
+
+def _info_to_batch(b: Builder, info: Value, a: Value, facts: MatrixFacts, out: str) -> Value:
+    """A (1, B) info, B being A's batch dims flattened, reshaped to A's batch shape."""
+    flat = b.Reshape(info, [-1], hint="info_flat")  # (B,): a Reshape of (1, B) would copy 1
+    return b.ReshapeBatchFirst(flat, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
                                hint="info", out=out)
 
 
@@ -483,7 +488,9 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
     all_pivots = b.Concat(*pivots, axis=0, hint="pivots") if n > 1 else pivots[0]
     inverse = b.Div(ordered, all_pivots, hint="inverse_t")  # (n, n, *)
     if info_out:
-        _build_info(b, all_pivots, facts, info_out)
+        # (n, 1, *) pivots: reduced over the first two axes, A's batch dims stay
+        _info_from_pivots(b, all_pivots, n, facts.rank, [0, 1], False,
+                          out=info_out)
     if batch_last:  # (n*n, B), as the closed form gives it
         return b.Reshape(inverse, [n * n, -1], hint="inverse_t_2d")
     return _batch_first(b, inverse, facts, out)
@@ -554,40 +561,29 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
                         b.Gather(all_pivots, spread, axis=0, hint="pivot_per_entry"),
                         hint="inverse_t")  # (n*n, B)
     if info_out:
-        flat_info = _info_from_pivots(b, all_pivots, n)
-        info = b.Reshape(flat_info, [-1], hint="info_flat")
-        b.ReshapeBatchFirst(info, b.Shape(a, 0, facts.rank - 2), facts.shape[:-2],
-                            hint="info", out=info_out)
+        _info_to_batch(b, _info_from_pivots(b, all_pivots, n, 2, [0], True), a, facts,
+                       info_out)
     if batch_last:
         return inverse
     return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a),
                    batch_dims=facts.shape[:-2], out=out)
 
 
-def _info_from_pivots(b: Builder, all_pivots: Value, n: int) -> Value:
-    """LAPACK's info from the pivots, (n, B) -> (1, B) int32: the 1-based index of the
-    first zero pivot, 0 if none. Arithmetic, no Where: LiteRT's SELECT (onnx2tf's
-    flatbuffer_direct) refused the Where form with two batch dims."""
-    ranks = np.arange(n, 0, -1, dtype=np.int32).reshape(n, 1)  # earlier columns score higher
+def _info_from_pivots(b: Builder, all_pivots: Value, n: int, rank: int, axes: list[int],
+                      keepdims: bool, out: str | None = None) -> Value:
+    """LAPACK's info from the pivots, (n, ...) of ``rank`` dims: the 1-based index of the
+    first zero pivot, 0 if none, reduced over ``axes`` (the pivot axis first) as int32.
+    Arithmetic, no Where: LiteRT's SELECT (onnx2tf's flatbuffer_direct) refused the Where
+    form with two batch dims."""
+    ranks = np.arange(n, 0, -1, dtype=np.int32).reshape(
+        [n] + [1] * (rank - 1))  # earlier columns score higher
     zero = b.Cast(b.Equal(all_pivots, 0.0, hint="zero_pivot"), np.int32, hint="zero_pivot_i")
-    score = b.ReduceMax(b.Mul(zero, ranks, hint="zero_score"), [0], keepdims=True,
-                        hint="first_zero")  # (1, B): n + 1 - (first zero), or 0
+    score = b.ReduceMax(b.Mul(zero, ranks, hint="zero_score"), axes, keepdims=keepdims,
+                        hint="first_zero")  # n + 1 - (first zero), or 0
     found = b.Cast(b.Greater(score, np.int32(0), hint="any_zero_b"), np.int32,
                    hint="any_zero")
-    return b.Sub(b.Mul(found, np.int32(n + 1), hint="info_base"), score, hint="info_2d")
-
-
-def _build_info(b: Builder, all_pivots: Value, facts: MatrixFacts, out: str) -> Value:
-    """LAPACK's info: the 1-based index of the first zero pivot, 0 if none."""
-    n, tail = facts.n, (1,) * (facts.rank - 2)
-    zero = b.Equal(all_pivots, 0.0, hint="zero_pivot")  # (n, 1, *)
-    # Earlier columns score higher: the max score is n - (index of the first zero).
-    ranks = np.arange(n, 0, -1, dtype=np.int32).reshape(n, 1, *tail)
-    score = b.ReduceMax(b.Where(zero, ranks, np.zeros((), np.int32), hint="zero_score"),
-                        [0, 1], keepdims=False, hint="first_zero")  # (*)
-    first = b.Sub(np.int32(n + 1), score, hint="first_zero_index")
-    return b.Where(b.Greater(score, np.int32(0)), first, np.zeros((), np.int32), hint="info",
-                   out=out)
+    return b.Sub(b.Mul(found, np.int32(n + 1), hint="info_base"), score, hint="info_2d",
+                 out=out)
 
 
 def _build_empty(b: Builder, a: Value, facts: MatrixFacts, out: str | None,
