@@ -799,45 +799,22 @@ class _Router(TorchFunctionMode):
 
     def _probe(self, op_type: str, tensors: Sequence[Any], attrs: tuple[tuple[str, Any], ...],
                outputs: int = 1, domain: str = OPAQUE_DOMAIN) -> bool:
-        """Whether a pattern rewrites the node with these tensors' types and ranks (every
-        dim symbolic except the last two of a matrix, which the linear algebra needs)."""
+        """Whether a pattern rewrites the node these tensors would feed: each dim static
+        where torch.export has it as an int (a matrix size must be, for the linear
+        algebra, and the pattern says so), symbolic where it is a SymInt."""
         inputs = []
         for tensor in tensors:
-            elem_type = _onnx_type(tensor.dtype)
+            elem_type = _onnx_type(tensor.dtype) if isinstance(tensor, torch.Tensor) else None
             if elem_type is None:
                 return False
-            inputs.append((elem_type, _symbolic_shape(tensor.dim())))
-        return _pattern_rewrites(op_type, tuple(inputs), attrs, self.opset, self.target,
-                                 outputs, domain)
-
-    @staticmethod
-    def _square(a: Any) -> int | None:
-        """A's static matrix size n when A is (*, n, n) with n an int, else None."""
-        if not isinstance(a, torch.Tensor) or a.dim() < 2:
-            return None
-        n = a.shape[-1]
-        return n if isinstance(n, int) and a.shape[-2] == n else None
-
-    def _matrix_probe(self, op_type: str, a: Any, others: Sequence[Any] = (),
-                      attrs: tuple[tuple[str, Any], ...] = (), outputs: int = 1,
-                      domain: str = OPAQUE_DOMAIN) -> bool:
-        n = self._square(a)
-        elem_type = _onnx_type(a.dtype)
-        if n is None or elem_type is None:
-            return False
-        inputs = [(elem_type, _symbolic_shape(a.dim(), {a.dim() - 2: n, a.dim() - 1: n}))]
-        for other in others:
-            other_type = _onnx_type(other.dtype)
-            if other_type is None:
-                return False
-            inputs.append((other_type, tuple(dim if isinstance(dim, int) else f"e{axis}"
-                                             for axis, dim in enumerate(other.shape))))
+            inputs.append((elem_type, tuple(dim if isinstance(dim, int) else f"d{axis}"
+                                            for axis, dim in enumerate(tensor.shape))))
         return _pattern_rewrites(op_type, tuple(inputs), attrs, self.opset, self.target,
                                  outputs, domain)
 
     def _inverse(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         a = args[0] if args else kwargs.get("input", kwargs.get("A"))
-        if len(args) > 1 or set(kwargs) - {"input", "A"} or not self._matrix_probe("Inverse", a):
+        if len(args) > 1 or set(kwargs) - {"input", "A"} or not self._probe("Inverse", [a], ()):
             return _NOT_ROUTED
         self.routed.append("Inverse")
         return self.ops.inverse(a)
@@ -845,8 +822,8 @@ class _Router(TorchFunctionMode):
     def _inv_ex(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
         bound = _bind(lambda A, *, check_errors=False: None, args, kwargs)
         if bound is None or bound["check_errors"] or \
-                not self._matrix_probe("linalg_inv_ex", bound["A"], outputs=2,
-                                       domain=ATEN_DOMAIN):
+                not self._probe("linalg_inv_ex", [bound["A"]], (), outputs=2,
+                                domain=ATEN_DOMAIN):
             return _NOT_ROUTED  # check_errors=True raises in eager mode; a graph cannot
         self.routed.append("linalg_inv_ex")
         return self.ops.inv_ex(bound["A"])
@@ -856,10 +833,7 @@ class _Router(TorchFunctionMode):
         if bound is None or bound["out"] is not None or not isinstance(bound["B"], torch.Tensor):
             return _NOT_ROUTED
         a, b, left = bound["A"], bound["B"], bool(bound["left"])
-        # The pattern needs B's matrix dims static; its batch dims may be symbolic.
-        if b.dim() and not all(isinstance(dim, int) for dim in b.shape[-2:]):
-            return _NOT_ROUTED
-        if not self._matrix_probe("Solve", a, [b], (("left", int(left)),)):
+        if not self._probe("Solve", [a, b], (("left", int(left)),)):
             return _NOT_ROUTED
         self.routed.append("Solve")
         return self.ops.solve(a, b, left)
@@ -889,8 +863,7 @@ class _Router(TorchFunctionMode):
             return _NOT_ROUTED
         x, dim = bound["input"], bound["dim"]
         op_type = "CumMax" if largest else "CumMin"
-        if not isinstance(x, torch.Tensor) or \
-                not self._probe(op_type, [x], (("dim", int(dim)),), outputs=2):
+        if not self._probe(op_type, [x], (("dim", int(dim)),), outputs=2):
             return _NOT_ROUTED
         self.routed.append(op_type)
         return self.ops.cumulative_extreme(x, int(dim), largest)
