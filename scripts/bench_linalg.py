@@ -349,13 +349,15 @@ def attention_torch_export(shape, mode: str) -> onnx.ModelProto | None:
 
 
 def _measure(label: str, threads: int, rounds: int, variants: dict[str, Callable[[], object]],
-             baseline: str, extra: dict) -> dict:
-    """Interleaved rounds in a shuffled order; medians of times and of per-round ratios."""
+             baseline: str, extra: dict,
+             pairs: dict[str, tuple[str, str]] | None = None) -> dict:
+    """Interleaved rounds in a shuffled order; medians of times and of per-round ratios.
+    ``pairs`` names further per-round ratios, key: (variant, its own baseline)."""
     repeats, times, ratios = interleaved_rounds(variants, baseline, rounds, _time)
-    if "decomposer_ex" in times and "hand_ex" in times:  # like for like: both give info
-        extra = {**extra, "ex_vs_hand_ex": statistics.median(
-            ex / hand for ex, hand in zip(times["decomposer_ex"], times["hand_ex"],
-                                          strict=True))}
+    for key, (name, base) in (pairs or {}).items():
+        if name in times and base in times:
+            extra = {**extra, key: statistics.median(
+                t / u for t, u in zip(times[name], times[base], strict=True))}
     return {"case": label, "threads": threads, "rounds": rounds, "baseline": baseline,
             "repeats": repeats,
             "median_ms": {name: statistics.median(v) * 1e3 for name, v in times.items()},
@@ -395,7 +397,8 @@ def bench_inverse(n: int, batch: int, threads: int, rounds: int) -> dict:
         if name in variants:
             _check(variants[name].result(), want, f"inverse n={n} {name}", 1e-3)  # type: ignore
     return _measure(f"inverse n={n} batch={batch}", threads, rounds, variants, "hand",
-                    {"n": n, "batch": batch})
+                    {"n": n, "batch": batch},  # like for like: both compute info
+                    pairs={"ex_vs_hand_ex": ("decomposer_ex", "hand_ex")})
 
 
 def bench_solve(n: int, batch: int, columns: int, threads: int, rounds: int) -> dict:
