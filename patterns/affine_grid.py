@@ -1,4 +1,5 @@
-"""AffineGrid (torch F.affine_grid semantics) as one broadcast Mul/Add, size read at run time.
+"""AffineGrid (torch F.affine_grid semantics) as one small GEMM (2-D) or one broadcast
+Mul/Add (3-D), size read at run time.
 
 Matches:
 - ``AffineGrid(theta, size; align_corners:int=0)`` in any domain (``custom.ops``,
@@ -19,28 +20,33 @@ Unsqueezed to the grid's rank; every broadcast is between operands of that full 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
                                  R_c = x * Expand(a) + Expand(t);  R_y, (R_z) = Expand(b, (e))
                                  # every Expand is to Shape(x): (N, 1, (1,) W, k)
-      2-D:                       grid = y * R_y + R_c                         # (N, H, W, 2)
+      2-D:                       grid = Reshape(L @ R, (N, H, W, 2))
+                                 # L = (y_h, 1): (H, 2); R = [R_y; R_c] as (N, 2, W*2)
       3-D:                       grid = z * R_z + (y * R_y + R_c)             # (N, D, H, W, 3)
-      2-D float32, target ort:   grid = Conv1x1(Concat(R_y, R_c), weight=(y_h, 1))
+      2-D float32, target ort:   grid = Conv1x1([R_y; R_c], weight=(y_h, 1))
 
 ``coords(n) = Cast(Range(1-n, n, 2)) / den`` (an integer Range) with ``den = n``
-(align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the last Mul
-and Add is small (sizes, not grids), and both operands of the final broadcast hold whole
-(W, k) rows (ONNX Runtime broadcasts k-element pieces 5-14x slower), so the grid costs two
-output-sized passes; see the README's benchmark table.
+(align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the GEMM (2-D)
+or the last Mul and Add (3-D) is small (sizes, not grids).
+
+Speed (README's benchmark table): the 2-D GEMM writes the grid once, and the trailing
+Reshape costs ONNX Runtime a copy when the grid is a graph output (none when a GridSample
+reads it), so the grid costs two output-sized passes there, like the broadcast Mul and Add
+it replaced, which it beats at one thread (1.3-1.4x native at N=8 256² became 0.9-1.0x).
+OpenVINO runs it 4-30x faster than the Mul/Add form, and faster than its own AffineGrid-20
+everywhere measured. No portable one-pass form exists: a broadcast Add of (N, H, 1, 2) and
+(N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element pieces), a MatMul batched over
+(N, H) with (W, 2) @ (2, 2) 4-8x, and Einsum or Resize 1.4-9x.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
-onnx2torch and onnx2tf run (docs/portability.md). Measured there: a MatMul of (y_h, 1)
-with R reshaped to (N, 2, W*2), then a Reshape to the grid, is as fast on ONNX Runtime and
-5-8x faster on OpenVINO, but breaks elsewhere: onnx2tf mis-reads a 0 in a Reshape target
-against its transposed layout, LiteRT's XNNPack delegate cannot reshape it when the size
-is constant, and TVM's importer fails on the target spelled as a Concat of shape pieces.
-Under ``--target ort`` the 2-D float32 grid is written by a 1x1 Conv whose weight is
-computed at run time (one output-sized pass: measured at 0.44-0.6x of the portable form's
-time there); when ``size`` is not fed at run time that weight is kept from being
-constant-folded (an empty slice of R is concatenated to it), since a constant weight makes
-ONNX Runtime's NCHWc layout pass wrap the Conv in reorders (measured 3x slower). Neither
-construct is portable.
+onnx2torch and onnx2tf run (docs/portability.md). The Reshape targets are Concats of Shape
+outputs and constants, which TVM's importer folds into shapes; 0 (copy a dim) is avoided,
+since onnx2tf reads it against its channels-last layout. Under ``--target ort`` the 2-D
+float32 grid is written by a 1x1 Conv whose weight is computed at run time: one
+output-sized pass, 0.4-0.7x of the portable form's time there. When ``size`` is not fed
+at run time that weight is kept from being constant-folded (an empty slice of R is
+concatenated to it), since a constant weight makes ONNX Runtime's NCHWc layout pass wrap
+the Conv in reorders (measured 3x slower). Neither construct is portable.
 
 Envelope: opsets 11+, theta float16/32/64 (float16 is computed in float32 and rounded
 once at the end), size int64 or int32, batch and every spatial size dynamic (exact up to
@@ -143,7 +149,8 @@ class AffineGrid(Pattern):
         # shape_unmatched_special_avoidance_workaround) takes x (1, 1, W, 1) with W unknown
         # as possibly channels-last and transposes a static (N, 1, 1, k) partner to
         # (N, 1, k, 1), which LiteRT cannot broadcast ("XNNPack delegate failed to reshape").
-        x_b = spread(coords(k + 1, "x"), k, "x_b")
+        x = coords(k + 1, "x")
+        x_b = spread(x, k, "x_b")
         r_c_shape = b.Shape(x_b, hint="R_shape")
         r_c = x_b * b.Expand(x_coef, r_c_shape, hint="R_x") + \
             b.Expand(offset, r_c_shape, hint="R_t")
@@ -156,13 +163,40 @@ class AffineGrid(Pattern):
             z_term = spread(coords(2, "z"), 1, "z_b") * r_z  # (N, D, 1, W, 3)
             yc_term = b.Add(spread(y, 2, "y_b") * r_y, r_c, hint="grid_yc")  # (N, 1, H, W, 3)
             grid = b.Add(z_term, yc_term, hint="grid", out=final)
-        elif b.target == "ort" and compute_type == TensorProto.FLOAT:
+        else:
             rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
-            grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
-        else:  # (1, H, 1, 1) * (N, 1, W, 2) + (N, 1, W, 2): whole (W, 2) rows per h
-            grid = b.Add(spread(y, 1, "y_b") * r_y, r_c, hint="grid", out=final)
+            if b.target == "ort" and compute_type == TensorProto.FLOAT:
+                grid = self._conv_form_2d(b, rows, y, final,
+                                          keep_dynamic=not facts.size_is_fed)
+            else:
+                grid = self._matmul_form_2d(b, theta, rows, x, y, final)
         if final is None:
             b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
+
+    @staticmethod
+    def _matmul_form_2d(b: Builder, theta: Value, rows: Value, x: Value, y: Value,
+                        out: str | None) -> Value:
+        """Portable 2-D: grid = Reshape(L @ R, (N, H, W, 2)), the one output-sized GEMM
+        (K = 2) of L = (y_h, 1), (H, 2), with R = [R_y; R_c] viewed as (N, 2, W*2).
+
+        Both targets are Concats of Shape outputs and constants, with no 0 and no -1: TVM's
+        importer folds such a Concat into a shape (a target computed from the ``size``
+        values is refused), onnx2tf mis-reads a 0 against the channels-last layout it gives
+        3-D and 4-D tensors, and a -1 cannot be resolved when the rest multiplies to 0.
+        W*2 is read as the shape of x interleaved with itself (the only -1, on a 1-D
+        reshape). Measured on all eight engine configurations of scripts/portability.py."""
+        x_col = b.Unsqueeze(x, [1], hint="x_col")  # (W, 1)
+        x_pairs = b.Reshape(b.Concat(x_col, x_col, axis=1, hint="x_pairs"), [-1],
+                            hint="x_pairs_flat")  # (W*2,)
+        batch = b.Shape(theta, 0, 1, hint="N")
+        flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2]), b.Shape(x_pairs, hint="W2"),
+                                             axis=0, hint="R_flat_shape"),
+                              hint="R_flat")  # (N, 2, W*2)
+        left = b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, hint="L")  # (H, 2)
+        grid_shape = b.Concat(batch, b.Shape(y, hint="H"), b.Shape(x, hint="W"),
+                              b.ints([2]), axis=0, hint="grid_shape")
+        return b.Reshape(b.MatMul(left, flat_rows, hint="LR"), grid_shape, hint="grid",
+                         out=out)
 
     @staticmethod
     def _conv_form_2d(b: Builder, rows: Value, y: Value, out: str | None,
