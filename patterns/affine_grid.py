@@ -179,18 +179,15 @@ class AffineGrid(Pattern):
         """Portable 2-D: grid = Reshape(L @ R, (N, H, W, 2)), the one output-sized GEMM
         (K = 2) of L = (y_h, 1), (H, 2), with R = [R_y; R_c] viewed as (N, 2, W*2).
 
-        Both targets are Concats of Shape outputs and constants, with no 0 and no -1: TVM's
-        importer folds such a Concat into a shape (a target computed from the ``size``
-        values is refused), onnx2tf mis-reads a 0 against the channels-last layout it gives
-        3-D and 4-D tensors, and a -1 cannot be resolved when the rest multiplies to 0.
-        W*2 is read as the shape of x interleaved with itself (the only -1, on a 1-D
-        reshape). Measured on all eight engine configurations of scripts/portability.py."""
-        x_col = b.Unsqueeze(x, [1], hint="x_col")  # (W, 1)
-        x_pairs = b.Reshape(b.Concat(x_col, x_col, axis=1, hint="x_pairs"), [-1],
-                            hint="x_pairs_flat")  # (W*2,)
+        Both targets are Concats of Shape outputs and constants, with no 0: TVM's importer
+        folds such a Concat into a shape (a target computed from the ``size`` values is
+        refused), and onnx2tf mis-reads a 0 against the channels-last layout it gives 3-D
+        and 4-D tensors. R's target [N, 2, -1] resolves for every size torch accepts (it
+        refuses empty grids). Measured on all eight configurations of
+        scripts/portability.py."""
         batch = b.Shape(theta, 0, 1, hint="N")
-        flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2]), b.Shape(x_pairs, hint="W2"),
-                                             axis=0, hint="R_flat_shape"),
+        flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2, -1]), axis=0,
+                                             hint="R_flat_shape"),
                               hint="R_flat")  # (N, 2, W*2)
         left = b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, hint="L")  # (H, 2)
         grid_shape = b.Concat(batch, b.Shape(y, hint="H"), b.Shape(x, hint="W"),

@@ -105,9 +105,8 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
             ops.update({"Slice": 1, "Concat": 1})
     elif k == 2:
         # Portable (and float64, which has no Conv kernel): Reshape(L @ R), L = Pad(y) = (y, 1),
-        # R = Concat(R_y, R_c) viewed as (N, 2, W*2); W*2 from x interleaved with itself
-        # (Unsqueeze, Concat, Reshape); both targets are Concats of shape pieces.
-        ops.update({"Concat": 4, "Unsqueeze": 2, "Reshape": 3, "Pad": 1, "MatMul": 1})
+        # R = Concat(R_y, R_c) viewed as (N, 2, W*2); both targets are Concats of shape pieces.
+        ops.update({"Concat": 3, "Unsqueeze": 1, "Reshape": 2, "Pad": 1, "MatMul": 1})
     else:
         # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
         ops.update({"Expand": 1, "Unsqueeze": 2, "Mul": 2, "Add": 2})
