@@ -14,14 +14,14 @@ Semantics are exactly ``torch.nn.functional.affine_grid``:
 A spatial size of 1 gives coordinate 0, as in torch (ONNX's own AffineGrid-20 and ONNX
 Runtime's kernel give -1 there when align_corners=1).
 
-Before -> after (a, b, e, t: theta's columns for x, y, z and the translation, each
-Unsqueezed to the grid's rank; every broadcast is between operands of that full rank)::
+Before -> after (a, b, e, t: theta's columns for x, y, z and the translation)::
 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
-                                 R_c = x * Expand(a) + Expand(t);  R_y, (R_z) = Expand(b, (e))
-                                 # every Expand is to Shape(x): (N, 1, (1,) W, k)
-      2-D:                       grid = Reshape(L @ R, (N, H, W, 2))
-                                 # L = (y_h, 1): (H, 2); R = [R_y; R_c] as (N, 2, W*2)
+      2-D:                       R = (x_w, 1) @ [[0, b], [a, t]]   # (N, 2, W, 2): R_y, R_c
+                                 grid = Reshape((y_h, 1) @ Reshape(R, (N, 2, W*2)),
+                                                (N, H, W, 2))
+      3-D (and 2-D, target ort): R_c = x * Expand(a) + Expand(t);  R_y, R_z = Expand(b, e)
+                                 # columns Unsqueezed to full rank, every Expand to Shape(x)
       3-D:                       grid = z * R_z + (y * R_y + R_c)             # (N, D, H, W, 3)
       2-D float32, target ort:   grid = Conv1x1([R_y; R_c], weight=(y_h, 1))
 
@@ -136,9 +136,15 @@ class AffineGrid(Pattern):
             """v (n,) Unsqueezed to the grid's rank k+2, its values along ``axis``."""
             return b.Unsqueeze(v, [a for a in range(k + 2) if a != axis], hint=label)
 
+        final = node.outputs[0] if compute_type == facts.theta_type else None
+        theta_t = b.Transpose(theta, [0, 2, 1], hint="theta_T")  # (N, k+1, k): a, b, (e,) t
+        if k == 2 and not (b.target == "ort" and compute_type == TensorProto.FLOAT):
+            grid = self._matmul_form_2d(b, theta_t, coords(3, "x"), coords(2, "y"), final)
+            if final is None:
+                b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
+            return
         # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
-        theta_rows = b.Unsqueeze(b.Transpose(theta, [0, 2, 1], hint="theta_T"),
-                                 list(range(2, k + 1)), hint="theta_T_rows")
+        theta_rows = b.Unsqueeze(theta_t, list(range(2, k + 1)), hint="theta_T_rows")
         x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1, hint="theta_col")
         z_coef = rest[0] if k == 3 else None
         offset = rest[-1]
@@ -149,14 +155,12 @@ class AffineGrid(Pattern):
         # shape_unmatched_special_avoidance_workaround) takes x (1, 1, W, 1) with W unknown
         # as possibly channels-last and transposes a static (N, 1, 1, k) partner to
         # (N, 1, k, 1), which LiteRT cannot broadcast ("XNNPack delegate failed to reshape").
-        x = coords(k + 1, "x")
-        x_b = spread(x, k, "x_b")
+        x_b = spread(coords(k + 1, "x"), k, "x_b")
         r_c_shape = b.Shape(x_b, hint="R_shape")
         r_c = x_b * b.Expand(x_coef, r_c_shape, hint="R_x") + \
             b.Expand(offset, r_c_shape, hint="R_t")
         r_y = b.Expand(y_coef, r_c_shape, hint="R_y")
         y = coords(k, "y")
-        final = node.outputs[0] if compute_type == facts.theta_type else None
         if k == 3:
             assert z_coef is not None
             r_z = b.Expand(z_coef, r_c_shape, hint="R_z")
@@ -165,33 +169,36 @@ class AffineGrid(Pattern):
             grid = b.Add(z_term, yc_term, hint="grid", out=final)
         else:
             rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
-            if b.target == "ort" and compute_type == TensorProto.FLOAT:
-                grid = self._conv_form_2d(b, rows, y, final,
-                                          keep_dynamic=not facts.size_is_fed)
-            else:
-                grid = self._matmul_form_2d(b, theta, rows, x, y, final)
+            grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
         if final is None:
             b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
 
     @staticmethod
-    def _matmul_form_2d(b: Builder, theta: Value, rows: Value, x: Value, y: Value,
+    def _matmul_form_2d(b: Builder, theta_t: Value, x: Value, y: Value,
                         out: str | None) -> Value:
         """Portable 2-D: grid = Reshape(L @ R, (N, H, W, 2)), the one output-sized GEMM
-        (K = 2) of L = (y_h, 1), (H, 2), with R = [R_y; R_c] viewed as (N, 2, W*2).
+        (K = 2) of L = (y_h, 1), (H, 2), with R viewed as (N, 2, W*2), where
+        R[n] = [b; x * a + t] (N, 2, W, 2) is itself the small product (x_w, 1) @ coef[n],
+        coef[n] = [[0, b], [a, t]] gathered from theta's columns a, b, t (theta_t).
 
-        Both targets are Concats of Shape outputs and constants, with no 0: TVM's importer
-        folds such a Concat into a shape (a target computed from the ``size`` values is
-        refused), and onnx2tf mis-reads a 0 against the channels-last layout it gives 3-D
-        and 4-D tensors. R's target [N, 2, -1] resolves for every size torch accepts (it
-        refuses empty grids). Measured on all eight configurations of
+        Both Reshape targets are Concats of Shape outputs and constants, with no 0: TVM's
+        importer folds such a Concat into a shape (a target computed from the ``size``
+        values is refused), and onnx2tf mis-reads a 0 against the channels-last layout it
+        gives 3-D and 4-D tensors. R's target [N, 2, -1] resolves for every size torch
+        accepts (it refuses empty grids). Measured on all eight configurations of
         scripts/portability.py."""
-        batch = b.Shape(theta, 0, 1, hint="N")
+        with_zero = b.Pad(theta_t, [0, 0, 0, 0, 1, 0], 0, hint="theta_T0")  # rows a, b, t, 0
+        coef = b.Gather(with_zero, [[3, 1], [0, 2]], axis=1, hint="R_coef")  # (N, 2, 2, 2)
+        x_basis = b.Pad(b.Unsqueeze(x, [1], hint="x_col"), [0, 0, 0, 1], 1,
+                        hint="x_basis")  # (W, 2): (x_w, 1)
+        rows = b.MatMul(x_basis, coef, hint="R")  # (N, 2, W, 2): R_y, R_c
+        batch = b.Shape(theta_t, 0, 1, hint="N")
         flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2, -1]), axis=0,
                                              hint="R_flat_shape"),
                               hint="R_flat")  # (N, 2, W*2)
         left = b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, hint="L")  # (H, 2)
-        grid_shape = b.Concat(batch, b.Shape(y, hint="H"), b.Shape(x, hint="W"),
-                              b.ints([2]), axis=0, hint="grid_shape")
+        grid_shape = b.Concat(batch, b.Shape(y, hint="H"), b.Shape(x_basis, hint="W_2"),
+                              axis=0, hint="grid_shape")  # [N, H, W, 2]
         return b.Reshape(b.MatMul(left, flat_rows, hint="LR"), grid_shape, hint="grid",
                          out=out)
 

@@ -94,22 +94,26 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
     Conv) or Mul and Add (3-D) are output-sized; nothing is baked or looped. Shape nodes, and
     the Slice that takes one dim of a shape below opset 15, are not counted."""
     # coords per axis: Gather, Sub (1 - n), an integer Range, Cast (steps and n), Div;
-    # theta: Transpose, Unsqueeze, Split; each column Expanded over W (R_x, R_t, R_y);
-    # R_c = x * R_x + R_t.
-    ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1,
-                   "Unsqueeze": 2, "Split": 1, "Mul": 1, "Add": 1, "Expand": 3})
-    if k == 2 and target == "ort" and dtype != np.float64:
-        # L = (y, 1) as the weight of a 1x1 Conv over R = [R_y; R_c]: writes (N, H, W, 2).
-        ops.update({"Concat": 1, "Unsqueeze": 1, "Pad": 1, "Conv": 1})
-        if not size_fed:  # Slice/Concat keep the weight from being constant-folded
-            ops.update({"Slice": 1, "Concat": 1})
-    elif k == 2:
-        # Portable (and float64, which has no Conv kernel): Reshape(L @ R), L = Pad(y) = (y, 1),
-        # R = Concat(R_y, R_c) viewed as (N, 2, W*2); both targets are Concats of shape pieces.
-        ops.update({"Concat": 3, "Unsqueeze": 1, "Reshape": 2, "Pad": 1, "MatMul": 1})
+    # theta: Transpose.
+    ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1})
+    if k == 2 and not (target == "ort" and dtype != np.float64):
+        # Portable (and float64, which has no Conv kernel): Reshape(L @ R), L = Pad(y) = (y, 1);
+        # R = (x, 1) @ coef (Unsqueeze, Pad, MatMul), coef a Gather of theta's columns with a
+        # zero row (Pad), viewed as (N, 2, W*2); both targets are Concats of shape pieces.
+        ops.update({"Pad": 3, "Gather": 1, "Unsqueeze": 2, "MatMul": 2, "Reshape": 2,
+                    "Concat": 2})
     else:
-        # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
-        ops.update({"Expand": 1, "Unsqueeze": 2, "Mul": 2, "Add": 2})
+        # theta's columns: Unsqueeze, Split; each Expanded over W (R_x, R_t, R_y);
+        # R_c = x * R_x + R_t, x Unsqueezed to full rank.
+        ops.update({"Unsqueeze": 2, "Split": 1, "Mul": 1, "Add": 1, "Expand": 3})
+        if k == 2:
+            # L = (y, 1) as the weight of a 1x1 Conv over R = [R_y; R_c]: writes (N, H, W, 2).
+            ops.update({"Concat": 1, "Unsqueeze": 1, "Pad": 1, "Conv": 1})
+            if not size_fed:  # Slice/Concat keep the weight from being constant-folded
+                ops.update({"Slice": 1, "Concat": 1})
+        else:
+            # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
+            ops.update({"Expand": 1, "Unsqueeze": 2, "Mul": 2, "Add": 2})
     if align:
         ops.update({"Sub": k, "Max": k})
     if dtype == np.float16:
