@@ -29,14 +29,15 @@ Before -> after (a, b, e, t: theta's columns for x, y, z and the translation)::
 (align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the GEMM (2-D)
 or the last Mul and Add (3-D) is small (sizes, not grids).
 
-Speed (README's benchmark table): the 2-D GEMM writes the grid once, and the trailing
-Reshape costs ONNX Runtime a copy when the grid is a graph output (none when a GridSample
-reads it), so the grid costs two output-sized passes there, like the broadcast Mul and Add
-it replaced, which it beats at one thread (1.3-1.4x native at N=8 256² became 0.9-1.0x).
-OpenVINO runs it 4-30x faster than the Mul/Add form, and faster than its own AffineGrid-20
-everywhere measured. No portable one-pass form exists: a broadcast Add of (N, H, 1, 2) and
-(N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element pieces), a MatMul batched over
-(N, H) with (W, 2) @ (2, 2) 4-8x, and Einsum or Resize 1.4-9x.
+Speed (README's benchmark table): the 2-D GEMM writes the grid once; when the grid is a
+graph output ONNX Runtime also copies the trailing Reshape's result (it is free when a
+GridSample reads the grid), so there the grid costs two output-sized passes, like the
+broadcast Mul and Add it replaced. Against ONNX Runtime's AffineGrid-20: 0.90-1.08x at
+N=8 256² (was 1.42-1.50x), 1.02-1.32x at N=8 512² (was about 1.0x), 0.86-1.10x feeding a
+GridSample. OpenVINO runs it at 0.02-0.55x its own AffineGrid-20 (the Mul/Add form took
+1.08-1.87x at N=8). No portable one-pass form was found: a broadcast Add of (N, H, 1, 2)
+and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element pieces), a MatMul batched
+over (N, H) with (W, 2) @ (2, 2) 4-8x, Einsum or Resize 1.4-9x.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
 onnx2torch and onnx2tf run (docs/portability.md). The Reshape targets are Concats of Shape
@@ -188,7 +189,8 @@ class AffineGrid(Pattern):
         accepts (it refuses empty grids). Measured on all eight configurations of
         scripts/portability.py."""
         with_zero = b.Pad(theta_t, [0, 0, 0, 0, 1, 0], 0, hint="theta_T0")  # rows a, b, t, 0
-        coef = b.Gather(with_zero, [[3, 1], [0, 2]], axis=1, hint="R_coef")  # (N, 2, 2, 2)
+        coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_rows"),
+                        axis=1, hint="R_coef")  # (N, 2, 2, 2)
         x_basis = b.Pad(b.Unsqueeze(x, [1], hint="x_col"), [0, 0, 0, 1], 1,
                         hint="x_basis")  # (W, 2): (x_w, 1)
         rows = b.MatMul(x_basis, coef, hint="R")  # (N, 2, W, 2): R_y, R_c
