@@ -185,9 +185,9 @@ class AffineGrid(Pattern):
         Both Reshape targets are Concats of Shape outputs and constants, with no 0: TVM's
         importer folds such a Concat into a shape (a target computed from the ``size``
         values is refused), and onnx2tf mis-reads a 0 against the channels-last layout it
-        gives 3-D and 4-D tensors. R's target [N, 2, -1] resolves for every size torch
-        accepts (it refuses empty grids). Measured on all eight configurations of
-        scripts/portability.py."""
+        gives 3-D and 4-D tensors; no -1 either, so an empty batch (N = 0, which ONNX's
+        AffineGrid-20 allows and torch refuses) gives an empty grid. Measured on all eight
+        configurations of scripts/portability.py."""
         with_zero = b.Pad(theta_t, [0, 0, 0, 0, 1, 0], 0, hint="theta_T0")  # rows a, b, t, 0
         coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_rows"),
                         axis=1, hint="R_coef")  # (N, 2, 2, 2)
@@ -195,7 +195,9 @@ class AffineGrid(Pattern):
                         hint="x_basis")  # (W, 2): (x_w, 1)
         rows = b.MatMul(x_basis, coef, hint="R")  # (N, 2, W, 2): R_y, R_c
         batch = b.Shape(theta_t, 0, 1, hint="N")
-        flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2, -1]), axis=0,
+        row_length = b.Shape(b.Flatten(x_basis, 0, hint="x_basis_flat"), 1,
+                             hint="W2")  # [W*2]: no -1, which an empty batch leaves open
+        flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2]), row_length, axis=0,
                                              hint="R_flat_shape"),
                               hint="R_flat")  # (N, 2, W*2)
         left = b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, hint="L")  # (H, 2)

@@ -101,7 +101,7 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
         # R = (x, 1) @ coef (Unsqueeze, Pad, MatMul), coef a Gather of theta's columns with a
         # zero row (Pad), viewed as (N, 2, W*2); both targets are Concats of shape pieces.
         ops.update({"Pad": 3, "Gather": 1, "Unsqueeze": 2, "MatMul": 2, "Reshape": 2,
-                    "Concat": 2})
+                    "Concat": 2, "Flatten": 1})
     else:
         # theta's columns: Unsqueeze, Split; each Expanded over W (R_x, R_t, R_y);
         # R_c = x * R_x + R_t, x Unsqueezed to full rank.
@@ -381,3 +381,19 @@ def test_int32_size(opset):
         theta = rng.uniform(-1, 1, (size[0], 2, 3)).astype(np.float32)
         (grid,) = run_onnxruntime(out, {"theta": theta, "size": np.array(size, np.int32)})
         np.testing.assert_allclose(grid, torch_grid(theta, size, 1), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("target", ["portable", "ort"])
+@pytest.mark.parametrize("size", [(0, 1, 4, 5), (0, 1, 3, 4, 5)])
+def test_empty_batch_gives_an_empty_grid(size, target):
+    """A detector that found no boxes feeds an STN an empty batch. torch refuses N = 0, so
+    the oracle is ONNX's own AffineGrid-20 (its reference implementation): an empty grid
+    of shape (0, (D,) H, W, k), not an error."""
+    from onnx.reference import ReferenceEvaluator
+
+    k = len(size) - 2
+    out = decomposer.decompose(affine_model(k=k), target=target)
+    feeds = {"theta": np.zeros((0, k, k + 1), np.float32), "size": np.array(size, np.int64)}
+    (grid,) = run_onnxruntime(out, feeds)
+    (expected,) = ReferenceEvaluator(affine_model(domain="", opset=20, k=k)).run(None, feeds)
+    assert grid.shape == expected.shape == (0, *size[2:], k)
