@@ -195,8 +195,9 @@ class AffineGrid(Pattern):
                         hint="x_basis")  # (W, 2): (x_w, 1)
         rows = b.MatMul(x_basis, coef, hint="R")  # (N, 2, W, 2): R_y, R_c
         batch = b.Shape(theta_t, 0, 1, hint="N")
-        row_length = b.Shape(b.Flatten(x_basis, 0, hint="x_basis_flat"), 1,
-                             hint="W2")  # [W*2]: no -1, which an empty batch leaves open
+        # [W*2], read from the basis flattened to 1-D (a -1 in R's own target would be
+        # left open by an empty batch; onnx2torch 1.5 turns Flatten(axis=0) into 1-D)
+        row_length = b.Shape(b.Reshape(x_basis, [-1], hint="x_basis_flat"), hint="W2")
         flat_rows = b.Reshape(rows, b.Concat(batch, b.ints([2]), row_length, axis=0,
                                              hint="R_flat_shape"),
                               hint="R_flat")  # (N, 2, W*2)

@@ -99,9 +99,10 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
     if k == 2 and not (target == "ort" and dtype != np.float64):
         # Portable (and float64, which has no Conv kernel): Reshape(L @ R), L = Pad(y) = (y, 1);
         # R = (x, 1) @ coef (Unsqueeze, Pad, MatMul), coef a Gather of theta's columns with a
-        # zero row (Pad), viewed as (N, 2, W*2); both targets are Concats of shape pieces.
-        ops.update({"Pad": 3, "Gather": 1, "Unsqueeze": 2, "MatMul": 2, "Reshape": 2,
-                    "Concat": 2, "Flatten": 1})
+        # zero row (Pad), viewed as (N, 2, W*2); both targets are Concats of shape pieces,
+        # W*2 read from the basis reshaped to 1-D.
+        ops.update({"Pad": 3, "Gather": 1, "Unsqueeze": 2, "MatMul": 2, "Reshape": 3,
+                    "Concat": 2})
     else:
         # theta's columns: Unsqueeze, Split; each Expanded over W (R_x, R_t, R_y);
         # R_c = x * R_x + R_t, x Unsqueezed to full rank.
