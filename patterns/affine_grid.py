@@ -32,8 +32,8 @@ or the last Mul and Add (3-D) is small (sizes, not grids).
 Speed (README's benchmark table): the 2-D GEMM writes the grid once; when the grid is a
 graph output ONNX Runtime also copies the trailing Reshape's result (it is free when a
 GridSample reads the grid), so there the grid costs two output-sized passes, like the
-broadcast Mul and Add it replaced. Against ONNX Runtime's AffineGrid-20: 0.90-1.08x at
-N=8 256² (was 1.42-1.50x), 1.02-1.32x at N=8 512² (was about 1.0x), 0.86-1.10x feeding a
+broadcast Mul and Add it replaced. Against ONNX Runtime's AffineGrid-20: 0.90-1.12x at
+N=8 256² (was 1.42-1.50x), 1.02-1.50x at N=8 512² (was about 1.0x), 0.86-1.10x feeding a
 GridSample. OpenVINO runs it at 0.02-0.55x its own AffineGrid-20 (the Mul/Add form took
 1.08-1.87x at N=8). No portable one-pass form was found: a broadcast Add of (N, H, 1, 2)
 and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element pieces), a MatMul batched
