@@ -289,6 +289,9 @@ def portability_violations(model: onnx.ModelProto) -> list[str]:
                     value = constants.get(name)
                     if value is not None and value.size == 0:
                         problems.append(f"{where}: concatenates an empty constant")
+            if node.op_type == "Flatten" and any(a.name == "axis" and a.i == 0
+                                                 for a in node.attribute):
+                problems.append(f"{where}: axis 0 (onnx2torch makes it 1-D)")
             if node.op_type == "GatherElements" and node.input[0] in sliced_from_zero:
                 problems.append(f"{where}: reads a Slice that starts at 0")
             if node.op_type == "Slice" and len(node.input) >= 3:
