@@ -137,40 +137,41 @@ class AffineGrid(Pattern):
             """v (n,) Unsqueezed to the grid's rank k+2, its values along ``axis``."""
             return b.Unsqueeze(v, [a for a in range(k + 2) if a != axis], hint=label)
 
+        def expanded_form(theta_t: Value, out: str | None) -> Value:
+            """3-D, and 2-D under --target ort: theta's columns Expanded over W."""
+            # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
+            theta_rows = b.Unsqueeze(theta_t, list(range(2, k + 1)), hint="theta_T_rows")
+            x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1,
+                                            hint="theta_col")
+            offset = rest[-1]
+            # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the
+            # grid that varies along W; the y (and z) coefficients are spread to the same
+            # shape so the final broadcast reads whole (W, k) rows, not k-element pieces.
+            # Each column is Expanded over W before it meets x: onnx2tf's tf_converter
+            # (2.6.9, shape_unmatched_special_avoidance_workaround) takes x (1, 1, W, 1) with
+            # W unknown as possibly channels-last and transposes a static (N, 1, 1, k)
+            # partner to (N, 1, k, 1), which LiteRT cannot broadcast ("XNNPack delegate
+            # failed to reshape").
+            x_b = spread(coords(k + 1, "x"), k, "x_b")
+            r_c_shape = b.Shape(x_b, hint="R_shape")
+            r_c = x_b * b.Expand(x_coef, r_c_shape, hint="R_x") + \
+                b.Expand(offset, r_c_shape, hint="R_t")
+            r_y = b.Expand(y_coef, r_c_shape, hint="R_y")
+            y = coords(k, "y")
+            if k == 2:
+                rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
+                return self._conv_form_2d(b, rows, y, out, keep_dynamic=not facts.size_is_fed)
+            r_z = b.Expand(rest[0], r_c_shape, hint="R_z")
+            z_term = spread(coords(2, "z"), 1, "z_b") * r_z  # (N, D, 1, W, 3)
+            yc_term = b.Add(spread(y, 2, "y_b") * r_y, r_c, hint="grid_yc")  # (N, 1, H, W, 3)
+            return b.Add(z_term, yc_term, hint="grid", out=out)
+
         final = node.outputs[0] if compute_type == facts.theta_type else None
         theta_t = b.Transpose(theta, [0, 2, 1], hint="theta_T")  # (N, k+1, k): a, b, (e,) t
         if k == 2 and not (b.target == "ort" and compute_type == TensorProto.FLOAT):
             grid = self._matmul_form_2d(b, theta_t, coords(3, "x"), coords(2, "y"), final)
-            if final is None:
-                b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
-            return
-        # theta's columns as (N, 1, (1,) 1, k) rows: coefficients of x, y, (z), translation.
-        theta_rows = b.Unsqueeze(theta_t, list(range(2, k + 1)), hint="theta_T_rows")
-        x_coef, y_coef, *rest = b.Split(theta_rows, [1] * (k + 1), axis=1, hint="theta_col")
-        z_coef = rest[0] if k == 3 else None
-        offset = rest[-1]
-        # R_c[n, 0, (0,) w, c] = x_w * theta[n, c, 0] + theta[n, c, k]: the part of the grid
-        # that varies along W; the y (and z) coefficients are spread to the same shape so the
-        # final broadcast reads whole (W, k) rows, not k-element pieces.
-        # Each column is Expanded over W before it meets x: onnx2tf's tf_converter (2.6.9,
-        # shape_unmatched_special_avoidance_workaround) takes x (1, 1, W, 1) with W unknown
-        # as possibly channels-last and transposes a static (N, 1, 1, k) partner to
-        # (N, 1, k, 1), which LiteRT cannot broadcast ("XNNPack delegate failed to reshape").
-        x_b = spread(coords(k + 1, "x"), k, "x_b")
-        r_c_shape = b.Shape(x_b, hint="R_shape")
-        r_c = x_b * b.Expand(x_coef, r_c_shape, hint="R_x") + \
-            b.Expand(offset, r_c_shape, hint="R_t")
-        r_y = b.Expand(y_coef, r_c_shape, hint="R_y")
-        y = coords(k, "y")
-        if k == 3:
-            assert z_coef is not None
-            r_z = b.Expand(z_coef, r_c_shape, hint="R_z")
-            z_term = spread(coords(2, "z"), 1, "z_b") * r_z  # (N, D, 1, W, 3)
-            yc_term = b.Add(spread(y, 2, "y_b") * r_y, r_c, hint="grid_yc")  # (N, 1, H, W, 3)
-            grid = b.Add(z_term, yc_term, hint="grid", out=final)
         else:
-            rows = b.Concat(r_y, r_c, axis=1, hint="R")  # (N, 2, W, 2)
-            grid = self._conv_form_2d(b, rows, y, final, keep_dynamic=not facts.size_is_fed)
+            grid = expanded_form(theta_t, final)
         if final is None:
             b.Cast(grid, facts.theta_type, hint="grid", out=node.outputs[0])
 
