@@ -197,6 +197,12 @@ class NodeContext:
         return (any(value.name == name for value in graph.input)
                 and not any(init.name == name for init in graph.initializer))
 
+    def is_model_output(self, name: str) -> bool:
+        scope = self._scope
+        if scope.parent is not None or scope.is_function:  # a subgraph's or body's own output
+            return False
+        return any(value.name == name for value in scope.graph.output)
+
     def elem_type(self, name: str) -> int | None:
         tensor = self._types.tensor_type(self._scope.namespace, name) if name else None
         if tensor is not None and tensor.elem_type:

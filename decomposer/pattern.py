@@ -136,6 +136,11 @@ class MatchContext(Protocol):
         """Whether ``name`` is fed by the caller at run time (a main-graph input with no
         initializer), so no runtime optimizer can treat it as a constant."""
 
+    def is_model_output(self, name: str) -> bool:
+        """Whether ``name`` is an output of the main graph (not of a subgraph or function
+        body): the caller receives it in a buffer of its own, so a runtime must copy into it
+        whatever the producing node does not write itself."""
+
 
 @dataclass
 class MatchedNode:

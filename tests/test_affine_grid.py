@@ -89,20 +89,22 @@ def feeds_for(model: onnx.ModelProto, size, dtype, rng) -> dict[str, np.ndarray]
 
 
 def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
-                 target: str = "portable") -> Counter:
+                 target: str = "portable", grid_is_output: bool = True) -> Counter:
     """The factored form: only the last MatMul and Reshape (2-D; target ort, float32: one
     Conv) or Mul and Add (3-D) are output-sized; nothing is baked or looped. Shape nodes, and
     the Slice that takes one dim of a shape below opset 15, are not counted."""
     # coords per axis: Gather, Sub (1 - n), an integer Range, Cast (steps and n), Div;
-    # theta: Transpose.
+    # one Transpose: of theta, or (2-D portable) of the small product R.
     ops = Counter({"Cast": 2 * k, "Gather": k, "Sub": k, "Range": k, "Div": k, "Transpose": 1})
     if k == 2 and not (target == "ort" and dtype != np.float64):
         # Portable (and float64, which has no Conv kernel): Reshape(L @ R), L = Pad(y) = (y, 1);
-        # R = (x, 1) @ coef (Unsqueeze, Pad, MatMul), coef a Gather of theta's columns with a
-        # zero row (Pad), viewed as (N, 2, W*2); both targets are Concats of shape pieces,
-        # W*2 read from the basis reshaped to 1-D.
+        # R = Transpose(coef @ (x, 1)^T) (Unsqueeze, Pad, MatMul), coef a Gather of theta's
+        # rows with a zero column (Pad), viewed as (N, 2, W*2); both targets are Concats of
+        # shape pieces, W*2 read from the basis reshaped to 1-D.
         ops.update({"Pad": 3, "Gather": 1, "Unsqueeze": 2, "MatMul": 2, "Reshape": 3,
                     "Concat": 2})
+        if grid_is_output and dtype != np.float16:
+            ops.update({"Sub": 1})  # Sub(view, 0) writes the caller's buffer, not a Reshape
     else:
         # theta's columns: Unsqueeze, Split; each Expanded over W (R_x, R_t, R_y);
         # R_c = x * R_x + R_t, x Unsqueezed to full rank.
@@ -167,6 +169,46 @@ def test_constant_size(opset, k, align):
     onnx.checker.check_model(out, full_check=True)
     assert decomposed_ops(out) == expected_ops(k, align, size_fed=False)
     assert_matches_torch(out, [size], align)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+@pytest.mark.parametrize("also_output", [False, True])
+def test_graph_output_grid_is_written_by_an_elementwise_op(opset, also_output):
+    """A 2-D grid that is a graph output ends in Sub(view, 0), not in a Reshape (which
+    ONNX Runtime copies into the caller's buffer on one thread); a grid only a node reads
+    ends in the Reshape, whose view is free. Both against torch."""
+    model = affine_model(opset=opset, k=2)
+    graph = model.graph
+    graph.node.append(helper.make_node("Neg", ["grid"], ["neg_grid"], name="consumer"))
+    neg_out = helper.make_tensor_value_info("neg_grid", TensorProto.FLOAT, ["N", "H", "W", 2])
+    if also_output:
+        graph.output.append(neg_out)
+    else:
+        graph.output.pop()
+        graph.output.append(neg_out)
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    consumer = [n.op_type for n in out.graph.node].index("Neg")
+    ops = decomposed_ops(onnx.helper.make_model(
+        helper.make_graph(out.graph.node[:consumer], "g", [], []), opset_imports=[]))
+    assert ops == expected_ops(2, 0, grid_is_output=also_output)
+    producer = {o: n for n in out.graph.node for o in n.output}["grid"]
+    if also_output:
+        assert producer.op_type == "Sub"
+        assert [int(v) for v in onnx.numpy_helper.to_array(
+            {o: n for n in out.graph.node for o in n.output}[producer.input[1]]
+            .attribute[0].t).reshape(-1)] == [0]
+    else:
+        assert producer.op_type == "Reshape"
+    rng = np.random.default_rng(1)
+    for size in RUNTIME_SIZES[2]:
+        feeds = feeds_for(out, size, np.float32, rng)
+        got = dict(zip([o.name for o in out.graph.output], run_onnxruntime(out, feeds),
+                       strict=True))
+        expected = torch_grid(feeds["theta"], size, 0)
+        np.testing.assert_allclose(got["neg_grid"], -expected, atol=1e-5, rtol=0)
+        if also_output:
+            np.testing.assert_array_equal(got["grid"], -got["neg_grid"])
 
 
 @pytest.mark.parametrize("opset", DEFAULT_DOMAIN_OPSETS)
