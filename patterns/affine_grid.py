@@ -17,9 +17,11 @@ Runtime's kernel give -1 there when align_corners=1).
 Before -> after (a, b, e, t: theta's columns for x, y, z and the translation)::
 
     AffineGrid(theta, size)  ->  x, y, (z) = coords(W), coords(H), (coords(D))
-      2-D:                       R = (x_w, 1) @ [[0, b], [a, t]]   # (N, 2, W, 2): R_y, R_c
+      2-D:                       R = Transpose([[0, b], [a, t]] @ (x_w, 1)^T)
+                                 # (N, 2, W, 2): R_y, R_c
                                  grid = Reshape((y_h, 1) @ Reshape(R, (N, 2, W*2)),
                                                 (N, H, W, 2))
+                                 # a graph-output grid: Sub(that Reshape, 0)
       3-D (and 2-D, target ort): R_c = x * Expand(a) + Expand(t);  R_y, R_z = Expand(b, e)
                                  # columns Unsqueezed to full rank, every Expand to Shape(x)
       3-D:                       grid = z * R_z + (y * R_y + R_c)             # (N, D, H, W, 3)
@@ -29,15 +31,17 @@ Before -> after (a, b, e, t: theta's columns for x, y, z and the translation)::
 (align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the GEMM (2-D)
 or the last Mul and Add (3-D) is small (sizes, not grids).
 
-Speed (README's benchmark table): the 2-D GEMM writes the grid once; when the grid is a
-graph output ONNX Runtime also copies the trailing Reshape's result (it is free when a
-GridSample reads the grid), so there the grid costs two output-sized passes, like the
-broadcast Mul and Add it replaced. Against ONNX Runtime's AffineGrid-20: 0.90-1.12x at
-N=8 256² (was 1.42-1.50x), 1.02-1.50x at N=8 512² (was about 1.0x), 0.86-1.10x feeding a
-GridSample. OpenVINO runs it at 0.02-0.55x its own AffineGrid-20 (the Mul/Add form took
-1.08-1.87x at N=8). No portable one-pass form was found: a broadcast Add of (N, H, 1, 2)
-and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element pieces), a MatMul batched
-over (N, H) with (W, 2) @ (2, 2) 4-8x, Einsum or Resize 1.4-9x.
+Speed (README's benchmark table): the 2-D GEMM writes the grid once. A Reshape that
+produces a graph output is copied by ONNX Runtime on one thread (it is free when a
+GridSample reads the grid), so a graph-output grid ends in an elementwise Sub(view, 0),
+which it writes in parallel. Against ONNX Runtime's AffineGrid-20: 0.87-1.00x at N=8
+256², 0.84-1.03x at N=8 512² (the Mul/Add form this replaced: 1.42-1.50x and about
+1.0x), 1.16-1.34x at 64² (per-node cost), 0.86-0.98x feeding a GridSample at 256² and
+larger, 1.04-1.12x at 64². OpenVINO runs it at 0.02-0.53x its own AffineGrid-20 (the
+Mul/Add form took 1.08-1.87x at N=8). No portable one-pass form was found: a broadcast
+Add of (N, H, 1, 2) and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element
+pieces), a MatMul batched over (N, H) with (W, 2) @ (2, 2) 4-8x, a Transpose of an
+(N, 2, H, W) GEMM 1.3-2.8x, Einsum or Resize 1.4-9x.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
 onnx2torch and onnx2tf run (docs/portability.md). The Reshape targets are Concats of Shape
