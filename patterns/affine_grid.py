@@ -204,8 +204,9 @@ class AffineGrid(Pattern):
         ``to_caller``: the grid is a graph output. A runtime then hands the caller a buffer
         of its own, and ONNX Runtime fills it from a Reshape with one single-threaded copy
         (2.2 ms of 2.9 at N=8 512², 16 MB). Ending instead with ``Sub(view, 0)`` (exact for
-        every value, -0 and NaN included) writes it with a parallel elementwise kernel:
-        1.35-1.48x -> 0.92-1.05x native with 2 threads, and 0.9-1.1x with one."""
+        every value, -0 and NaN included) writes it with a parallel elementwise kernel.
+        With the folded R, N=8 512² went from 1.12-1.50x native to 0.84-1.00x with 2
+        threads, and from 1.02-1.23x to 0.92-1.03x with one (scripts/bench.py, 5 runs)."""
         with_zero = b.Pad(theta, [0, 0, 0, 0, 0, 1], 0, hint="theta0")  # (N, 2, 4): a, b, t, 0
         coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_cols"),
                         axis=2, hint="R_coef")  # (N, 2 (c), 2 (row of R), 2 (x, 1))
