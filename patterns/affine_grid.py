@@ -203,10 +203,10 @@ class AffineGrid(Pattern):
 
         ``to_caller``: the grid is a graph output. A runtime then hands the caller a buffer
         of its own, and ONNX Runtime fills it from a Reshape with one single-threaded copy
-        (2.2 ms of 2.9 at N=8 512², 16 MB). Ending instead with ``Sub(view, 0)`` (exact for
-        every value, -0 and NaN included) writes it with a parallel elementwise kernel.
-        With the folded R, N=8 512² went from 1.12-1.50x native to 0.84-1.00x with 2
-        threads, and from 1.02-1.23x to 0.92-1.03x with one (scripts/bench.py, 5 runs)."""
+        (2.2 ms of 2.9 at N=8 512², 16 MB); ``b.Reshape(..., to_caller=True)`` ends in
+        ``Sub(view, 0)`` instead, which it writes in parallel. With the folded R, N=8 512²
+        went from 1.12-1.50x native to 0.84-1.00x with 2 threads, and from 1.02-1.23x to
+        0.92-1.03x with one (scripts/bench.py, 5 runs)."""
         with_zero = b.Pad(theta, [0, 0, 0, 0, 0, 1], 0, hint="theta0")  # (N, 2, 4): a, b, t, 0
         coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_cols"),
                         axis=2, hint="R_coef")  # (N, 2 (c), 2 (row of R), 2 (x, 1))
@@ -224,11 +224,8 @@ class AffineGrid(Pattern):
         left = b.Pad(b.Unsqueeze(y, [1], hint="y_col"), [0, 0, 0, 1], 1, hint="L")  # (H, 2)
         grid_shape = b.Concat(batch, b.Shape(y, hint="H"), b.Shape(x, hint="W"), b.ints([2]),
                               axis=0, hint="grid_shape")  # [N, H, W, 2]
-        grid = b.MatMul(left, flat_rows, hint="LR")
-        if to_caller:
-            return b.Sub(b.Reshape(grid, grid_shape, hint="grid_view"), 0, hint="grid",
-                         out=out)
-        return b.Reshape(grid, grid_shape, hint="grid", out=out)
+        return b.Reshape(b.MatMul(left, flat_rows, hint="LR"), grid_shape, hint="grid",
+                         out=out, to_caller=to_caller)
 
     @staticmethod
     def _conv_form_2d(b: Builder, rows: Value, y: Value, out: str | None,
