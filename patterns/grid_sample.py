@@ -48,9 +48,6 @@ Where it pays on ONNX Runtime (measured, see scripts/bench_grid_sample.py): a st
 is gathered in channel chunks (Slices, one GatherElements + weighted sum each, a rank-2
 Concat, one Reshape) so each chunk's taps stay in cache and the index is expanded once per
 chunk size; otherwise 16+ taps (bicubic) are gathered one row of taps at a time and summed.
-An output the caller receives (a main-graph output) ends in Sub(view, 0) after that
-Reshape, which ONNX Runtime writes in parallel instead of copying the view on one thread
-(Builder.Reshape's to_caller).
 
 Envelope: opsets 11+; X and grid float16/32/64 (float16 computes in float32 and rounds
 once; mixed types compute in the wider one); every dim dynamic (batch, channels, input and
@@ -105,7 +102,6 @@ class Facts(NamedTuple):
     channels: int | None  # static C, or None
     wide_index: bool  # int64 flat indices (the static spatial size needs them)
     pad_input: bool  # zeros padding spelled as a zero border on the input (few channels)
-    to_caller: bool = False  # the output is a main-graph output (see Builder.Reshape)
 
 
 def _normalize_mode(value: Any) -> Any:
@@ -165,7 +161,7 @@ class GridSampleBase(Pattern):
         pad_input = padding == "zeros" and channels is not None \
             and channels < MIN_CHUNKED_CHANNELS
         return Facts(mode, padding, align, k, x_type, grid_type, compute, channels, wide,
-                     pad_input, ctx.is_model_output(node.outputs[0]))
+                     pad_input)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         build_grid_sample(b, node.inputs[0], node.inputs[1], node.outputs[0], facts)
@@ -460,10 +456,11 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
     # ONNX layout, and only repairs that when the result's dims differ as a set (a 4-D
     # (N, c, Ho, Wo) Concat with N == Wo came out (N, c, Ho, C)); a rank-2 axis is kept.
     out_shape = b.Concat(b.Shape(x, 0, 2), out_sizes, axis=0, hint="out_shape")
-    joined = results[0] if len(results) == 1 else b.Concat(
-        *[b.Reshape(r, [0, -1], hint="sampled_chunk") for r in results], axis=1,
-        hint="sampled_all")
-    b.Reshape(joined, out_shape, hint="sampled", out=out, to_caller=facts.to_caller)
+    if len(results) == 1:
+        b.Reshape(results[0], out_shape, hint="sampled", out=out)
+    else:
+        b.Reshape(b.Concat(*[b.Reshape(r, [0, -1], hint="sampled_chunk") for r in results],
+                           axis=1, hint="sampled_all"), out_shape, hint="sampled", out=out)
 
 
 def channel_chunks(channels: int | None) -> list[int]:

@@ -119,3 +119,26 @@ def test_clip_of_float64_runs_on_onnx_runtime_at_every_opset(opset):
     onnx.checker.check_model(model, full_check=True)
     x = np.array([0.0, 1.0, 3.0, -1.0])
     np.testing.assert_array_equal(run_onnxruntime(model, {"x": x})[0], np.clip(x, 0.5, 2.0))
+
+
+@pytest.mark.parametrize("dtype, op_types", [
+    (np.float32, ["Reshape", "Sub"]), (np.float64, ["Reshape", "Sub"]),
+    (np.float16, ["Reshape"]), (np.int64, ["Reshape"]), (np.bool_, ["Reshape"])])
+def test_reshape_to_the_caller_ends_in_an_exact_sub_for_float32_and_float64(dtype, op_types):
+    """to_caller=True: Sub(view, 0) writes the output (bit for bit, -0 and NaN included)
+    where ONNX Runtime has a parallel kernel; other types keep the plain Reshape."""
+    values = [[-0.0, 0.0, np.nan, -1.5], [np.inf, -np.inf, 2.0, 3.25]] \
+        if np.issubdtype(dtype, np.floating) else [[0, 1, 1, 0], [1, 0, 0, 1]]
+    x = np.array(values).astype(dtype)
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    b = Builder(13, "t", NameAllocator(["x", "y"]), NameAllocator())
+    b.Reshape(b.input("x", dtype), [4, 2], out="y", to_caller=True)
+    assert [n.op_type for n in b.nodes if n.op_type != "Constant"] == op_types
+    graph = helper.make_graph(b.nodes, "g", [helper.make_tensor_value_info("x", elem, [2, 4])],
+                              [helper.make_tensor_value_info("y", elem, [4, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              ir_version=ir_version_for(13))
+    onnx.checker.check_model(model, full_check=True)
+    got = run_onnxruntime(model, {"x": x})[0]
+    assert got.dtype == x.dtype
+    np.testing.assert_array_equal(got.view(np.uint8), x.reshape(4, 2).view(np.uint8))

@@ -537,39 +537,6 @@ def test_output_uses_only_portable_standard_ops():
                     assert (constants[node.input[4]] > 0).all()
 
 
-@pytest.mark.parametrize("dtype, channels", [(np.float32, 3), (np.float32, 9),
-                                             (np.float64, 3), (np.float16, 3)])
-@pytest.mark.parametrize("also_read", [False, True])
-def test_graph_output_is_written_by_an_elementwise_op(dtype, channels, also_read):
-    """A float32/float64 output that the caller receives ends in Sub(view, 0) (ONNX Runtime
-    copies a final Reshape into the caller's buffer on one thread); float16 (rounded by a
-    Cast first) and an output only a node reads end in the Reshape. Against torch."""
-    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-    inputs = [helper.make_tensor_value_info("x", elem, ["N", channels, "H", "W"]),
-              helper.make_tensor_value_info("grid", elem, ["N", "Ho", "Wo", 2])]
-    nodes = [helper.make_node("GridSample", ["x", "grid"], ["y"], domain="custom.ops"),
-             helper.make_node("Neg", ["y"], ["neg_y"])]
-    outputs = [helper.make_tensor_value_info("neg_y", elem, ["N", channels, "Ho", "Wo"])]
-    if not also_read:
-        outputs.insert(0, helper.make_tensor_value_info("y", elem, ["N", channels, "Ho", "Wo"]))
-    out = decomposer.decompose(make_model(nodes, inputs, outputs, 13, extra_opsets=["custom.ops"]))
-    producers = {o: n for n in out.graph.node for o in n.output}
-    to_caller = not also_read and dtype != np.float16
-    assert producers["y"].op_type == ("Sub" if to_caller else "Reshape")
-    if to_caller:
-        assert producers[producers["y"].input[0]].op_type == "Reshape"
-        zero = producers[producers["y"].input[1]]
-        assert onnx.numpy_helper.to_array(zero.attribute[0].t).tolist() == 0
-    rng = np.random.default_rng(channels)
-    for x, grid in sample_inputs(rng, 2, dtype, channels):
-        got = dict(zip([o.name for o in out.graph.output],
-                       run_onnxruntime(out, {"x": x, "grid": grid}), strict=True))
-        expected = torch_grid_sample(x, grid, "bilinear", "zeros", False)
-        np.testing.assert_allclose(got["neg_y"], -expected, atol=TOLERANCE[dtype], rtol=0)
-        if not also_read:
-            np.testing.assert_array_equal(got["y"], -got["neg_y"])
-
-
 # -- torch-exported spatial transformers, end to end ------------------------------------------
 
 
