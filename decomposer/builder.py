@@ -531,7 +531,7 @@ class Builder:
         ``to_caller=True`` says ``out`` is a main-graph output (``ctx.is_model_output``).
         ONNX Runtime copies a Reshape into the caller's buffer on one thread; a float32 or
         float64 result is then written by ``Sub(view, 0)`` instead, exact for every value
-        (-0 and NaN included), which it runs in parallel (AffineGrid's 16 MB grid: 2.2 ms of
+        (-0 and NaN included), which it runs in parallel (for a 16 MB output, 2.2 ms of
         2.9 was that copy). Other types keep the plain Reshape."""
         value = self._operand(x, None, "reshape_in")
         target = self._index(shape, "shape")
