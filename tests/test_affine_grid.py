@@ -272,10 +272,21 @@ def test_target_ort_forms(opset, k, size_mode, dtype):
 @pytest.mark.parametrize("size_mode", ["input", "constant"])
 def test_portable_form_has_no_conv_and_no_fold_barrier(k, size_mode):
     model = affine_model(k=k, size_mode=size_mode, const_size=RUNTIME_SIZES[k][0])
-    kinds = set(decomposed_ops(decomposer.decompose(model)))
+    out = decomposer.decompose(model)
+    kinds = set(decomposed_ops(out))
     # The fold barrier is an empty Slice of R concatenated to the weight; slices of shapes
     # (one dim, below opset 15) are not counted by decomposed_ops.
     assert not kinds & {"Conv", "ConvTranspose", "Slice"}, kinds
+    # Every Concat builds a shape: its inputs are Shape outputs (sliced or not) and
+    # constants, never tensor data.
+    producers = {o: n for n in out.graph.node for o in n.output}
+    for node in out.graph.node:
+        if node.op_type == "Concat":
+            for name in node.input:
+                source = producers[name]
+                if source.op_type == "Slice":
+                    source = producers[source.input[0]]
+                assert source.op_type in ("Shape", "Constant"), (node.name, name)
 
 
 def test_align_corners_defaults_to_zero():
