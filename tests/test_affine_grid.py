@@ -192,12 +192,12 @@ def test_graph_output_grid_is_written_by_an_elementwise_op(opset, also_output):
     ops = decomposed_ops(onnx.helper.make_model(
         helper.make_graph(out.graph.node[:consumer], "g", [], []), opset_imports=[]))
     assert ops == expected_ops(2, 0, grid_is_output=also_output)
-    producer = {o: n for n in out.graph.node for o in n.output}["grid"]
+    producers = {o: n for n in out.graph.node for o in n.output}
+    producer = producers["grid"]
     if also_output:
         assert producer.op_type == "Sub"
-        assert [int(v) for v in onnx.numpy_helper.to_array(
-            {o: n for n in out.graph.node for o in n.output}[producer.input[1]]
-            .attribute[0].t).reshape(-1)] == [0]
+        zero = producers[producer.input[1]]
+        assert onnx.numpy_helper.to_array(zero.attribute[0].t).reshape(-1).tolist() == [0]
     else:
         assert producer.op_type == "Reshape"
     rng = np.random.default_rng(1)
