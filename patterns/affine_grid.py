@@ -35,13 +35,16 @@ Speed (README's benchmark table): the 2-D GEMM writes the grid once. A Reshape t
 produces a graph output is copied by ONNX Runtime on one thread (it is free when a
 GridSample reads the grid), so a graph-output grid ends in an elementwise Sub(view, 0),
 which it writes in parallel. Against ONNX Runtime's AffineGrid-20: 0.87-1.00x at N=8
-256², 0.84-1.03x at N=8 512² (the Mul/Add form this replaced: 1.42-1.50x and about
-1.0x), 1.16-1.34x at 64² (per-node cost), 0.86-0.98x feeding a GridSample at 256² and
-larger, 1.04-1.12x at 64². OpenVINO runs it at 0.02-0.53x its own AffineGrid-20 (the
-Mul/Add form took 1.08-1.87x at N=8). No portable one-pass form was found: a broadcast
+256², 0.84-1.16x at N=8 512² (three memory passes against one compute-bound kernel; the
+Mul/Add form this replaced: 1.42-1.50x and about 1.0x), 1.14-1.34x at 64² (per-node
+cost), 0.86-1.00x feeding a GridSample at 256² and larger, 1.01-1.12x at 64² (nine runs,
+two days). OpenVINO runs it at 0.02-0.59x its own AffineGrid-20 (the Mul/Add form took
+1.08-1.87x at N=8). No portable one-pass form was found: a broadcast
 Add of (N, H, 1, 2) and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element
 pieces), a MatMul batched over (N, H) with (W, 2) @ (2, 2) 4-8x, a Transpose of an
-(N, 2, H, W) GEMM 1.3-2.8x, Einsum or Resize 1.4-9x.
+(N, 2, H, W) GEMM 1.3-2.8x, Einsum or Resize 1.4-9x. Nor did fewer nodes pay: R built
+directly as (N, 2, W*2) by a K = 4 GEMM (27 nodes) moved 64² by under 3% and slowed
+N=1 512² by 11-17%; one folded K = 4 final GEMM was 5-13% slower.
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
 onnx2torch and onnx2tf run (docs/portability.md). The Reshape targets are Concats of Shape
@@ -205,8 +208,8 @@ class AffineGrid(Pattern):
         of its own, and ONNX Runtime fills it from a Reshape with one single-threaded copy
         (2.2 ms of 2.9 at N=8 512², 16 MB); ``b.Reshape(..., to_caller=True)`` ends in
         ``Sub(view, 0)`` instead, which it writes in parallel. With the folded R, N=8 512²
-        went from 1.12-1.50x native to 0.84-1.00x with 2 threads, and from 1.02-1.23x to
-        0.92-1.03x with one (scripts/bench.py, 5 runs)."""
+        went from 1.12-1.50x native to 0.84-1.02x with 2 threads, and from 1.02-1.23x to
+        0.92-1.16x with one (scripts/bench.py, nine runs on two days)."""
         with_zero = b.Pad(theta, [0, 0, 0, 0, 0, 1], 0, hint="theta0")  # (N, 2, 4): a, b, t, 0
         coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_cols"),
                         axis=2, hint="R_coef")  # (N, 2 (c), 2 (row of R), 2 (x, 1))
