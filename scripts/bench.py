@@ -26,7 +26,11 @@ against ORT's native GridSample-16, and the seed STN decomposed at opset 11 agai
 nodes at 16); ``--aten`` and ``--linalg`` run the ATen-op and linear algebra sections
 (``scripts/bench_aten.py``, ``scripts/bench_linalg.py``). ``--rotation`` times
 Rot90AndScale decomposed (portable and ``ort`` targets) against a hand-written
-Slice + Transpose + Mul.
+Slice + Transpose + Mul. ``--budget`` splits the 2-D STN cases (JSON key ``budget``):
+GridSample alone with the grid fed, and what native AffineGrid-20, the same behind 28
+trivial ``Neg`` nodes, and the decomposed grid each add to it, in µs, plus the median
+per-round ratio of the decomposed STN to the native one. It shows where the decomposed
+form's ~30 nodes, each dispatched by ONNX Runtime's executor, meet one native kernel.
 
 ORT sessions use pre-made OrtValue feeds (``run_with_ort_values``), intra-op spinning off,
 and 1 or 2 intra-op threads; torch uses the same thread count.
@@ -292,6 +296,90 @@ def _measure(label: str, size: list[int], threads: int, rounds: int,
     }
 
 
+BUDGET_CHAIN = 28  # about the 2-D form's node count; even, so the Negs give theta back exactly
+
+
+def _gridsample_only_model() -> onnx.ModelProto:
+    """GridSample alone, the grid fed: what every STN variant below adds to."""
+    inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, [None] * 4)
+              for name in ("image", "grid")]
+    graph = helper.make_graph(
+        [helper.make_node("GridSample", ["image", "grid"], ["y"], name="sample", mode="linear",
+                          padding_mode="zeros", align_corners=0)], "gridsample", inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                             ir_version=10)
+
+
+def _with_node_chain(model: onnx.ModelProto, length: int) -> onnx.ModelProto:
+    """``model`` with ``length`` Neg nodes between theta and its readers: the cost of that many
+    trivial nodes in ONNX Runtime's executor, measured where the grid is made."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    previous = "theta"
+    chain = []
+    for i in range(length):
+        chain.append(helper.make_node("Neg", [previous], [f"theta_neg{i}"], name=f"neg{i}"))
+        previous = f"theta_neg{i}"
+    for node in out.graph.node:
+        node.input[:] = [previous if name == "theta" else name for name in node.input]
+    readers = list(out.graph.node)
+    del out.graph.node[:]
+    out.graph.node.extend(chain + readers)
+    return out
+
+
+def bench_budget(label: str, size, threads: int, rounds: int) -> dict:
+    """What the grid adds to an STN's GridSample: native AffineGrid-20, the same behind
+    BUDGET_CHAIN trivial nodes, and the decomposed grid, each against GridSample fed the grid."""
+    k = len(size) - 2
+    rng = np.random.default_rng(0)
+    feeds = {"theta": rng.uniform(-1, 1, (size[0], k, k + 1)).astype(np.float32),
+             "size": np.array(size, np.int64),
+             "image": rng.normal(size=size).astype(np.float32)}
+    native = native_model(k, True)
+    grid_only = OrtRunner(native_model(k, False), feeds, threads)
+    grid_only()
+    feeds["grid"] = grid_only.result()
+    decomposed = decomposed_model(k, True)
+    variants: dict[str, OrtRunner] = {
+        "gridsample_only": OrtRunner(_gridsample_only_model(), feeds, threads),
+        "native": OrtRunner(native, feeds, threads),
+        "native_behind_nodes": OrtRunner(_with_node_chain(native, BUDGET_CHAIN), feeds, threads),
+        "decomposer": OrtRunner(decomposed, feeds, threads)}
+    # Sanity: every variant samples the same image with the same grid (the Negs cancel out;
+    # the decomposed grid moves samples by ~1e-7, see bench_case).
+    outputs = {name: runner.result() for name, runner in variants.items()}
+    np.testing.assert_array_equal(outputs["native_behind_nodes"], outputs["native"])
+    np.testing.assert_array_equal(outputs["gridsample_only"], outputs["native"])
+    np.testing.assert_allclose(outputs["decomposer"], outputs["native"], atol=1e-2, rtol=1e-4)
+    repeats, times, _ = interleaved_rounds(variants, "gridsample_only", rounds, _time)
+    median_ms = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    pair = [d / n for d, n in zip(times["decomposer"], times["native"], strict=True)]
+    return {"case": label, "size": list(size), "threads": threads, "rounds": rounds,
+            "repeats": repeats, "median_ms": median_ms,
+            "added_us": {name: (ms - median_ms["gridsample_only"]) * 1e3
+                         for name, ms in median_ms.items()},
+            "pair_ratio": statistics.median(pair), "chain": BUDGET_CHAIN,
+            "decomposed_nodes": sum(n.op_type not in ("Constant", "GridSample")
+                                    for n in decomposed.graph.node)}
+
+
+def _print_budget_table(results: list[dict]) -> None:
+    print(f"{'case':<18} {'thr':>3} {'GridSample ms':>13}  {'+ native us':>11}  "
+          f"{'+ native behind nodes us':>24}  {'+ decomposed us':>15}  {'pair ratio':>10}")
+    for r in results:
+        added = r["added_us"]
+        print(f"{r['case']:<18} {r['threads']:>3} {r['median_ms']['gridsample_only']:>13.3f}  "
+              f"{added['native']:>11.1f}  {added['native_behind_nodes']:>24.1f}  "
+              f"{added['decomposer']:>15.1f}  "
+              f"{r['pair_ratio']:>9.3f}x")
+    if results:
+        print(f"(nodes: {results[0]['chain']} Neg in front of the native kernel; the decomposed "
+              f"grid has {results[0]['decomposed_nodes']}. pair ratio: median per-round ratio of "
+              "the decomposed STN to the native one)")
+
+
 ROTATION_CASES = [("rot k=1 1x3x224x224", (1, 3, 224, 224), 1),
                   ("rot k=2 8x3x224x224", (8, 3, 224, 224), 2),
                   ("rot k=3 8x64x128x96", (8, 64, 128, 96), 3)]
@@ -400,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linalg", action="store_true",
                         help="also run the linear algebra section (scripts/bench_linalg.py: "
                              "inverse, linalg_inv_ex, solve, attention; its own JSON)")
+    parser.add_argument("--budget", action="store_true",
+                        help="also split the 2-D STN cases: GridSample fed the grid, plus "
+                             "native AffineGrid-20, plus the same behind 28 trivial nodes, plus "
+                             "the decomposed grid (where the per-node cost meets one kernel)")
     parser.add_argument("--json", default="bench-results/bench.json")
     args = parser.parse_args(argv)
     rounds = 5 if args.quick else args.rounds
@@ -446,6 +538,15 @@ def main(argv: list[str] | None = None) -> int:
                 rotation.append(bench_rotation(label, shape, k, threads, rounds))
         print()
         _print_rotation_table(rotation)
+    budget = []
+    if args.budget:
+        for label, size in CASES:
+            if len(size) != 4 or (args.cases and not any(c in label for c in args.cases)):
+                continue
+            for threads in args.threads:
+                budget.append(bench_budget(label, size, threads, rounds))
+        print()
+        _print_budget_table(budget)
     meta = {"machine": platform.machine(), "processor": platform.processor(),
             "cpus": os.cpu_count(), "python": platform.python_version(),
             "onnxruntime": ort.__version__, "onnx": onnx.__version__}
@@ -457,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     target = Path(args.json)
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps({"meta": meta, "results": results, "rotation": rotation},
+    target.write_text(json.dumps({"meta": meta, "results": results, "rotation": rotation,
+                                             "budget": budget},
                                  indent=2))
     print(f"\nwrote {target}")
     return 0
