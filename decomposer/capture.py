@@ -42,7 +42,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from decomposer.graphs import OpClassifier, norm_domain, opset_map, subgraphs
-from decomposer.pattern import Pattern, Reject
+from decomposer.pattern import Form, Pattern, Reject
 from decomposer.registry import Registry
 
 Body = onnx.GraphProto | onnx.FunctionProto
@@ -127,6 +127,7 @@ class ReplacedNode:
     attrs: dict[str, Any]
     scope_key: ScopeKey
     where: str  # "main graph", "Loop 'l' body", ...
+    form: Form  # the spelling it matched
     removed_inputs: dict[int, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -177,7 +178,7 @@ def find_replaced(original: onnx.ModelProto, decomposed: onnx.ModelProto, regist
             except Reject as why:
                 notes.append(f"{label}{where}: {why}; not verified per node")
                 continue
-            item = ReplacedNode(node, pattern, attrs, scope.key, scope.label)
+            item = ReplacedNode(node, pattern, attrs, scope.key, scope.label, form)
             if counterpart.key not in visible:
                 visible[counterpart.key] = set().union(
                     *(outer.defined() for outer in counterpart.chain()))

@@ -143,13 +143,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         width = max([16, *(len(entry.pattern.name) + 1 for entry in entries)])
         for entry in entries:
             pattern = entry.pattern
-            forms = []
-            if pattern.domains is None:
-                forms.append("any domain")
-            elif pattern.domains:
-                forms.append(", ".join(sorted(d or "<default>" for d in pattern.domains)))
-            if pattern.aten_operator:
-                forms.append(f"ATen {pattern.aten_operator}")
+            forms = [form.describe(pattern.op_type) for form in pattern.spellings()]
             print(f"{pattern.name:<{width}} [{entry.source}] ({'; '.join(forms)}) "
                   f"{pattern.summary}")
         return EXIT_OK

@@ -51,7 +51,7 @@ from decomposer.graphs import (
     opset_map,
     subgraphs,
 )
-from decomposer.pattern import MatchedNode, Reject
+from decomposer.pattern import Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
 
@@ -129,8 +129,8 @@ class _Rewriter:
                           constant_pool=pool, target=self.target)
         context = NodeContext(scope, self.types, opset, self.target)
         try:
-            attrs = pattern.match_attributes(node, form)
-            matched = MatchedNode(node, form, attrs)
+            matched = pattern.match(node, form)
+            pattern.bind(matched, context)
             facts = pattern.check(matched, context)
             pattern.build(builder, matched, facts)
             declared = pattern.output_types(matched, context, facts) or []
@@ -280,8 +280,8 @@ def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:
             raise InvalidModelError(f"cannot lower {op_type!r}: it is not a standard ONNX op "
                                     "(custom ops are decomposed without asking)")
         if registry.lookup(onnx.helper.make_node(op_type, [], [])) is None:
-            choices = sorted({entry.pattern.op_type for entry in registry
-                              if onnx.defs.has(entry.pattern.op_type)})
+            choices = sorted({op for entry in registry for form in entry.pattern.spellings()
+                              for op in form.op_types if onnx.defs.has(op)})
             raise InvalidModelError(f"cannot lower {op_type!r}: no pattern rewrites it"
                                     + (f" (lowerable: {', '.join(choices)})" if choices else ""))
     return lowered

@@ -12,105 +12,22 @@ back from ``check`` as its return value.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import numpy as np
 import onnx
-from onnx import AttributeProto, helper
 
 from decomposer.builder import Builder
+from decomposer.forms import ATEN_DOMAIN, Attr, Const, Form, In, Reject, aten_operator
 
-ATEN_DOMAIN = "org.pytorch.aten"
+__all__ = ["ATEN_DOMAIN", "Attr", "Const", "Form", "In", "MatchContext", "MatchedNode",
+           "OutputType", "Pattern", "Reject"]
 
 # (ONNX element type or None, static shape or None) of one output; dims are ints, symbolic
 # names, or None for unknown.
 OutputType = tuple[int | None, Sequence[int | str | None] | None]
-
-
-class Reject(Exception):
-    """Raised by ``Pattern.check`` when a node matches by name but cannot be rewritten.
-
-    The message is the reason; the engine adds the node, op and domain to it.
-    """
-
-
-_REQUIRED = object()
-
-_ATTR_KINDS = {
-    "int": (AttributeProto.INT,),
-    # A float attribute written with an int value (``scale_f=2`` spelled ``scale_i=2``) is
-    # still a number; accept it rather than make users re-export.
-    "float": (AttributeProto.FLOAT, AttributeProto.INT),
-    "string": (AttributeProto.STRING,),
-    "ints": (AttributeProto.INTS,),
-    "floats": (AttributeProto.FLOATS, AttributeProto.INTS),
-}
-
-
-@dataclass(frozen=True)
-class Attr:
-    """One attribute in a pattern's schema.
-
-    ``kind`` is ``"int" | "float" | "string" | "ints" | "floats"``; ``default`` is used when
-    the node lacks the attribute (omit it to make the attribute required); ``choices``
-    lists the accepted values after ``normalize`` has been applied.
-    """
-
-    kind: str
-    default: Any = _REQUIRED
-    choices: Sequence[Any] | None = None
-    normalize: Callable[[Any], Any] | None = None
-    doc: str = ""
-
-    def __post_init__(self) -> None:
-        if self.kind not in _ATTR_KINDS:
-            raise ValueError(f"unknown attribute kind {self.kind!r}; "
-                             f"use one of {list(_ATTR_KINDS)}")
-
-    @property
-    def required(self) -> bool:
-        return self.default is _REQUIRED
-
-    def coerce(self, name: str, value: Any) -> Any:
-        """A plain Python value (``None`` = absent) defaulted and normalized like ``parse``;
-        raises ValueError. For references called outside the engine (test kit, users)."""
-        if value is None:
-            if self.required:
-                raise ValueError(f"required attribute '{name}' is missing")
-            return self.default
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-        if self.normalize is not None:
-            value = self.normalize(value)
-        if self.choices is not None and value not in self.choices:
-            raise ValueError(f"attribute '{name}' = {value!r} is not one of {list(self.choices)}")
-        return value
-
-    def parse(self, name: str, proto: AttributeProto | None) -> Any:
-        """The attribute's value, defaulted, type-checked and normalized; raises Reject."""
-        if proto is None:
-            if self.required:
-                raise Reject(f"required attribute '{name}' is missing")
-            return self.default
-        if proto.type not in _ATTR_KINDS[self.kind]:
-            got = AttributeProto.AttributeType.Name(proto.type).lower()
-            raise Reject(f"attribute '{name}' must be {self.kind}, got {got}")
-        value = helper.get_attribute_value(proto)
-        if isinstance(value, bytes):
-            value = value.decode("utf-8", errors="replace")
-        if self.kind == "float":
-            value = float(value)
-        elif self.kind == "floats":
-            value = [float(v) for v in value]
-        elif self.kind == "ints":
-            value = [int(v) for v in value]
-        if self.normalize is not None:
-            value = self.normalize(value)
-        if self.choices is not None and value not in self.choices:
-            raise Reject(f"attribute '{name}' = {value!r} is not one of {list(self.choices)}")
-        return value
 
 
 class MatchContext(Protocol):
@@ -144,15 +61,21 @@ class MatchContext(Protocol):
 
 @dataclass
 class MatchedNode:
-    """A node as a pattern sees it: inputs, outputs, parsed attributes, and its form.
+    """A node as a pattern sees it: inputs, outputs, its spelling and normalized arguments.
 
     ``form`` is ``"native"`` for ``Domain::OpType`` nodes and ``"aten"`` for torch's
-    ``org.pytorch.aten`` fallbacks, whose non-tensor arguments arrive as constant inputs.
+    ``org.pytorch.aten`` fallbacks; ``spelling`` is the :class:`Form` that matched.
+    ``attrs`` holds the parsed attributes (by argument name); for a pattern with declared
+    ``forms``, ``args`` holds every normalized argument (attributes and constant inputs)
+    and ``tensors`` the tensor inputs by argument name (``""``: an absent optional input).
     """
 
     proto: onnx.NodeProto
     form: str
     attrs: dict[str, Any] = field(default_factory=dict)
+    spelling: Form | None = None
+    tensors: dict[str, str] = field(default_factory=dict)
+    args: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -166,8 +89,15 @@ class MatchedNode:
     def outputs(self) -> list[str]:
         return list(self.proto.output)
 
+    def tensor(self, name: str) -> str:
+        """The tensor feeding argument ``name`` (``""`` if the optional input is absent)."""
+        return self.tensors.get(name, "")
+
 
 FactsT = TypeVar("FactsT")
+
+# Legacy ATen forms take their arguments unchecked (the pattern reads the inputs itself).
+_UNCHECKED_OUTPUTS = (0, 1 << 16)
 
 
 class Pattern(Generic[FactsT]):
@@ -176,10 +106,16 @@ class Pattern(Generic[FactsT]):
     ``Pattern[Facts]`` types what ``check`` returns and ``build`` receives (a NamedTuple or
     dataclass of everything ``build`` needs); a plain ``Pattern`` subclass means ``Any``.
 
-    - ``op_type``: the node's op_type in its native form.
+    - ``op_type``: the op's name (reports, the test kit's single-node models).
+    - ``forms``: the spellings the pattern answers to (:class:`Form`); the mechanism parses
+      each into one normalized call (``node.tensors``, ``node.args``) for ``check`` and
+      ``build``, and into arrays plus the same ``args`` for ``compute``.
+
+    Older patterns may instead declare one native spelling and one ATen name (below) and
+    parse arguments themselves in ``check`` and ``reference``:
+
     - ``domains``: accepted domains; ``None`` means any domain, including the default
-      domain when the op is not standard at the model's opset (the engine only offers
-      non-standard nodes).
+      domain when the op is not standard at the model's opset.
     - ``aten_operator``: torch's ATen name, so ``org.pytorch.aten::<name>`` and
       ``ATen(operator=<name>)`` match too; ``None`` for none.
     - ``attributes``: the attribute schema of the native form.
@@ -187,6 +123,7 @@ class Pattern(Generic[FactsT]):
     """
 
     op_type: ClassVar[str]
+    forms: ClassVar[Sequence[Form]] = ()
     domains: ClassVar[frozenset[str] | None] = None
     aten_operator: ClassVar[str | None] = None
     attributes: ClassVar[Mapping[str, Attr]] = {}
@@ -206,28 +143,52 @@ class Pattern(Generic[FactsT]):
         doc = (module.__doc__ if module else None) or type(self).__doc__ or ""
         return doc.strip().splitlines()[0] if doc.strip() else ""
 
+    @property
+    def declarative(self) -> bool:
+        """Whether the pattern declares ``forms`` (the mechanism binds its arguments)."""
+        return bool(self.forms)
+
+    def spellings(self) -> list[Form]:
+        """The forms this pattern answers to (declared, or derived from the older class
+        attributes)."""
+        if self.forms:
+            return list(self.forms)
+        spellings = []
+        if self.domains is None or self.domains:
+            spellings.append(Form(self.op_type, domains=self.domains,
+                                  attributes=self.attributes, outputs=self.num_outputs))
+        if self.aten_operator:
+            spellings.append(Form(aten=self.aten_operator, outputs=_UNCHECKED_OUTPUTS))
+        return spellings
+
+    def native_form(self) -> Form:
+        """The first spelling with op_types (what the test kit builds nodes of)."""
+        return next(f for f in self.spellings() if f.op_types)
+
     def keys(self) -> list[tuple[str | None, str]]:
         """(domain or None for any, op_type) keys this pattern answers to in the registry."""
-        keys: list[tuple[str | None, str]] = []
-        if self.domains is None:
-            keys.append((None, self.op_type))
-        else:
-            keys.extend((domain, self.op_type) for domain in sorted(self.domains))
-        return keys
+        return [key for form in self.spellings() for key in form.keys()]
 
-    def match_attributes(self, node: onnx.NodeProto, form: str) -> dict[str, Any]:
-        """Parse the node's attributes against the schema; raises Reject on any mismatch."""
-        if form == "aten":
-            # ATen fallbacks carry only `operator`/`overload_name`; arguments are inputs.
-            return {}
-        given = {a.name: a for a in node.attribute}
-        unknown = sorted(set(given) - set(self.attributes))
-        if unknown:
-            expected = ", ".join(sorted(self.attributes)) or "none"
-            raise Reject(f"unknown attribute(s) {unknown}; expected: {expected}")
-        if len(node.output) != self.num_outputs:
-            raise Reject(f"expected {self.num_outputs} output(s), got {len(node.output)}")
-        return {name: spec.parse(name, given.get(name)) for name, spec in self.attributes.items()}
+    def match_attributes(self, node: onnx.NodeProto, form: Form) -> dict[str, Any]:
+        """Parse the node's attributes (and output and input counts) against ``form``;
+        raises Reject on any mismatch."""
+        aten_node = form.aten is not None and aten_operator(node) == form.aten
+        if aten_node and not self.forms:
+            return {}  # a legacy ATen form: the pattern reads its inputs itself
+        return form.parse_attributes(node, aten_node)
+
+    def match(self, node: onnx.NodeProto, form: Form) -> MatchedNode:
+        """``node`` as ``check`` sees it, before :meth:`bind`; raises Reject."""
+        attrs = self.match_attributes(node, form)
+        kind = "aten" if form.aten and aten_operator(node) == form.aten else form.kind
+        return MatchedNode(node, kind, attrs, spelling=form)
+
+    def bind(self, node: MatchedNode, ctx: MatchContext) -> None:
+        """Fill ``node.tensors`` and ``node.args`` from its spelling; raises Reject."""
+        if node.spelling is None or not self.forms:
+            node.args = dict(node.attrs)
+            return
+        node.tensors, node.args = node.spelling.bind(node.inputs, node.attrs, ctx.constant)
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> FactsT:
         """Decide whether ``node`` can be rewritten; return facts for ``build`` or raise Reject."""
@@ -246,6 +207,25 @@ class Pattern(Generic[FactsT]):
         """
         return None
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        """numpy reference of the op's native form, for verification and tests."""
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        """numpy reference on the normalized call (patterns with ``forms``): the tensor
+        inputs by argument name (None: absent) and ``args`` as ``check`` sees them."""
         raise NotImplementedError
+
+    def evaluate(self, form: Form, inputs: Sequence[np.ndarray | None],
+                 attrs: Mapping[str, Any]) -> list[np.ndarray]:
+        """The reference outputs of a node of spelling ``form`` with these input arrays and
+        its parsed attributes (what :meth:`match_attributes` returned)."""
+        if not self.forms:
+            return self.reference(*inputs, **attrs)  # type: ignore[arg-type]
+        tensors, args = form.bind_values(inputs, attrs)
+        return self.compute(args, **tensors)
+
+    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
+        """numpy reference of the op's first native spelling (inputs in order, attributes
+        by name); patterns with ``forms`` get it from ``compute``."""
+        if not self.forms:
+            raise NotImplementedError
+        form = self.native_form()
+        return self.evaluate(form, inputs, form.coerce_attributes(attrs))

@@ -1,8 +1,8 @@
 """The pattern registry: which pattern answers for which node.
 
 In: ``Pattern`` instances, registered explicitly with the place they came from.
-Out: ``Registry.lookup(node)`` gives the pattern and the node's form (``"native"`` or
-``"aten"``) or None.
+Out: ``Registry.lookup(node)`` gives the pattern and the spelling (:class:`Form`) the node
+matched, or None.
 
 Lookup order for a node ``domain::op_type``: the exact (domain, op_type) key, then a
 pattern that accepts any domain for that op_type. torch's ATen fallbacks
@@ -22,8 +22,9 @@ from typing import Any
 import onnx
 
 from decomposer.errors import PatternError
+from decomposer.forms import ATEN_DOMAIN, Form, aten_operator
 from decomposer.graphs import norm_domain
-from decomposer.pattern import ATEN_DOMAIN, Pattern
+from decomposer.pattern import Pattern
 
 _ANY = "*"
 
@@ -38,6 +39,7 @@ class Registry:
     def __init__(self) -> None:
         self._entries: list[Entry] = []
         self._by_key: dict[tuple[str, str], Entry] = {}
+        self._forms: dict[tuple[str, str], Form] = {}
         self.loaded_sources: set[str] = set()  # --patterns files/modules already loaded
 
     def register(self, pattern: Pattern[Any], *, source: str = "built-in",
@@ -46,9 +48,13 @@ class Registry:
             raise PatternError(f"{pattern!r} is not a decomposer.Pattern instance")
         if not getattr(type(pattern), "op_type", None):
             raise PatternError(f"pattern {type(pattern).__name__} does not set op_type")
-        keys = [(domain if domain is not None else _ANY, op) for domain, op in pattern.keys()]
-        if pattern.aten_operator:
-            keys.append((ATEN_DOMAIN, "ATen:" + pattern.aten_operator))
+        forms: dict[tuple[str, str], Form] = {}
+        for form in pattern.spellings():
+            for domain, op in form.keys():
+                forms.setdefault((domain if domain is not None else _ANY, op), form)
+            if form.aten:
+                forms.setdefault((ATEN_DOMAIN, "ATen:" + form.aten), form)
+        keys = list(forms)
         entry = Entry(pattern, source)
         # The same class defined in the same file, registered again (a module imported
         # under two names, e.g. installed as an entry point and imported by its own tests)
@@ -66,22 +72,24 @@ class Registry:
             self._entries = [e for e in self._entries if id(e) not in replaced]
         for key in keys:
             self._by_key[key] = entry
+            self._forms[key] = forms[key]
         self._entries.append(entry)
         return pattern
 
-    def lookup(self, node: onnx.NodeProto) -> tuple[Pattern[Any], str] | None:
-        """(pattern, form) for ``node``, or None when no pattern answers for it."""
+    def lookup(self, node: onnx.NodeProto) -> tuple[Pattern[Any], Form] | None:
+        """(pattern, spelling) for ``node``, or None when no pattern answers for it."""
         domain = norm_domain(node.domain)
-        entry = self._by_key.get((domain, node.op_type)) or self._by_key.get((_ANY, node.op_type))
-        if entry is not None and domain != ATEN_DOMAIN:
-            return entry.pattern, "native"
-        aten_name = _aten_operator(node)
+        native = (domain, node.op_type) if (domain, node.op_type) in self._by_key \
+            else (_ANY, node.op_type)
+        if native in self._by_key and domain != ATEN_DOMAIN:
+            return self._by_key[native].pattern, self._forms[native]
+        aten_name = aten_operator(node)
         if aten_name is not None:
-            aten_entry = self._by_key.get((ATEN_DOMAIN, "ATen:" + aten_name))
-            if aten_entry is not None:
-                return aten_entry.pattern, "aten"
-        if entry is not None:
-            return entry.pattern, "native"
+            key = (ATEN_DOMAIN, "ATen:" + aten_name)
+            if key in self._by_key:
+                return self._by_key[key].pattern, self._forms[key]
+        if native in self._by_key:
+            return self._by_key[native].pattern, self._forms[native]
         return None
 
     def __iter__(self) -> Iterator[Entry]:
@@ -94,6 +102,7 @@ class Registry:
         clone = Registry()
         clone._entries = list(self._entries)
         clone._by_key = dict(self._by_key)
+        clone._forms = dict(self._forms)
         clone.loaded_sources = set(self.loaded_sources)
         return clone
 
@@ -110,18 +119,6 @@ def _same_definition(a: Pattern[Any], b: Pattern[Any]) -> bool:
         return os.path.samefile(inspect.getfile(ta), inspect.getfile(tb))
     except (TypeError, OSError):
         return False
-
-
-def _aten_operator(node: onnx.NodeProto) -> str | None:
-    """The ATen op name of a torch fallback node, or None if it is not one."""
-    if node.op_type == "ATen":
-        for attr in node.attribute:
-            if attr.name == "operator":
-                return str(attr.s.decode("utf-8", errors="replace"))
-        return None
-    if node.domain == ATEN_DOMAIN:
-        return node.op_type
-    return None
 
 
 _default: Registry | None = None

@@ -33,7 +33,7 @@ from onnx import helper
 
 from decomposer.api import decompose
 from decomposer.graphs import is_default_domain
-from decomposer.pattern import Pattern
+from decomposer.pattern import Form, Pattern
 from decomposer.registry import Registry, default_registry
 
 # Per-dtype tolerances used when a test gives none: float16 carries ~3 decimal digits.
@@ -160,24 +160,28 @@ def check_pattern(
     signed_zeros: bool = False,
     registry: Registry | None = None,
     target: str = "portable",
+    form: str | Form | None = None,
 ) -> list[CaseResult]:
     """Decompose single-node models of ``pattern``'s op and compare them on ORT.
 
     ``oracle(*inputs, **attrs)`` returns the expected output(s); the pattern's own
     ``reference`` is always compared too. ``domain`` defaults to the first of the pattern's
     ``domains`` (``"custom.test"`` for a pattern that accepts any domain). ``registry``
-    defaults to the default registry plus ``pattern`` if it is not in it yet.
+    defaults to the default registry plus ``pattern`` if it is not in it yet. ``form``
+    picks the spelling the nodes are written in (a :class:`Form` of the pattern, or the
+    op_type of one); by default the pattern's first native one.
     """
     registry = registry if registry is not None else _registry_with(pattern)
+    native = _native_form(pattern, form)
     if domain is None:
-        domain = sorted(pattern.domains)[0] if pattern.domains else "custom.test"
+        domain = sorted(native.domains)[0] if native.domains else "custom.test"
     results: list[CaseResult] = []
     cases = list(cases)
     for opset in opsets:
         for case in cases:
             where = f"{pattern.name} case {case.label()} at opset {opset}"
-            model = single_node_model(pattern.op_type, domain, case, opset,
-                                      pattern.num_outputs)
+            model = single_node_model(native.op_types[0], domain, case, opset,
+                                      native.output_range[1])
             out = decompose(model, registry=registry, target=target)
             leftover = [n.op_type for n in out.graph.node if not is_default_domain(n.domain)]
             assert not leftover, f"{where}: custom nodes remain: {leftover}"
@@ -189,7 +193,8 @@ def check_pattern(
                 got = run_onnxruntime(out, feeds)
                 attrs = {k: v for k, v in case.attrs.items() if v is not None}
                 expectations: list[tuple[str, Sequence[Any]]] = [
-                    ("reference", pattern.reference(*inputs, **attrs))]
+                    ("reference", pattern.evaluate(native, inputs, native.coerce_attributes(
+                        attrs) if pattern.declarative else attrs))]
                 if oracle is not None:
                     expected = oracle(*inputs, **attrs)
                     expectations.append(("oracle", expected if isinstance(expected, (list, tuple))
@@ -269,6 +274,17 @@ def _max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:
     if not finite.any():
         return 0.0
     return float(np.max(np.abs(a64[finite] - e64[finite])))
+
+
+def _native_form(pattern: Pattern[Any], form: str | Form | None) -> Form:
+    if form is None:
+        return pattern.native_form()
+    if isinstance(form, Form):
+        return form
+    for spelling in pattern.spellings():
+        if form in spelling.op_types:
+            return spelling
+    raise ValueError(f"pattern {pattern.name} has no spelling with op_type {form!r}")
 
 
 def _registry_with(pattern: Pattern[Any]) -> Registry:

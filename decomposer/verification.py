@@ -55,7 +55,7 @@ from decomposer.feeds import (
     parse_input_values,
 )
 from decomposer.graphs import OpClassifier, all_nodes, opset_map, subgraphs
-from decomposer.pattern import Pattern, Reject
+from decomposer.pattern import Form, Pattern, Reject
 from decomposer.registry import Registry, default_registry
 
 REFERENCE_DOMAIN = "decomposer.reference"
@@ -410,11 +410,12 @@ def _engine_failure(error: EngineRunError, engine: str, run: int,
 # -- the original on the reference evaluator (the full route) ---------------------------------
 
 
-def _reference_op(class_name: str, pattern: Pattern[Any], attrs: dict[str, Any]) -> type:
+def _reference_op(class_name: str, pattern: Pattern[Any], form: Form,
+                  attrs: dict[str, Any]) -> type:
     from onnx.reference.op_run import OpRun
 
     def _run(self: Any, *inputs: np.ndarray) -> tuple[np.ndarray, ...]:
-        return tuple(pattern.reference(*inputs, **attrs))
+        return tuple(pattern.evaluate(form, inputs, attrs))
 
     return type(class_name, (OpRun,), {"op_domain": REFERENCE_DOMAIN, "_run": _run})
 
@@ -485,7 +486,7 @@ def _map_custom_nodes(scratch: onnx.ModelProto, registry: Registry,
                 raise InvalidModelError(f"cannot verify: node '{node.name}' "
                                         f"({node.domain}::{node.op_type}): {why}") from why
             class_name = f"Ref{len(ops)}_{re.sub(r'[^0-9A-Za-z_]', '_', pattern.name)}"
-            ops.append(_reference_op(class_name, pattern, attrs))
+            ops.append(_reference_op(class_name, pattern, form, attrs))
             if in_main_graph:
                 for out in node.output:
                     if out:
@@ -714,8 +715,7 @@ class _Job:
             counts[execution.path] = counts.get(execution.path, 0) + 1
             try:
                 # Absent optional inputs are passed as None, as onnx.reference does.
-                want = list(item.pattern.reference(*execution.inputs,  # type: ignore[arg-type]
-                                                   **item.attrs))
+                want = list(item.pattern.evaluate(item.form, execution.inputs, item.attrs))
             except Exception as exc:
                 self.row("", "node", run, engine,
                          Comparison(np.inf, np.inf, np.inf, False,

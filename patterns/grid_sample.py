@@ -75,12 +75,22 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 MODES = ("bilinear", "nearest", "bicubic")  # torch's integer codes 0, 1, 2
 PADDINGS = ("zeros", "border", "reflection")  # torch's integer codes 0, 1, 2
 _MODE_ALIASES = {"linear": "bilinear", "cubic": "bicubic"}  # GridSample-20 spellings
-_FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 CUBIC_A = -0.75  # torch's cubic convolution constant (UpSampleBicubic2d)
 TAP_OFFSETS = {"nearest": (0,), "bilinear": (0, 1), "bicubic": (-1, 2, 0, 1)}
 # Chunking, measured on ONNX Runtime 1.32 at 1 thread (scripts/bench_grid_sample.py):
@@ -104,43 +114,72 @@ class Facts(NamedTuple):
     pad_input: bool  # zeros padding spelled as a zero border on the input (few channels)
 
 
-def _normalize_mode(value: Any) -> Any:
+def _mode_name(value: Any) -> Any:
+    """A mode as written (opset 16 or 20 name, any case) -> one of MODES."""
     if isinstance(value, str):
         value = value.strip().lower()
         return _MODE_ALIASES.get(value, value)
     return value
 
 
-def _normalize_name(value: Any) -> Any:
+def _lower_name(value: Any) -> Any:
     return value.strip().lower() if isinstance(value, str) else value
 
 
-class GridSampleBase(Pattern):
-    """Shared check, build, output types and reference; subclasses read the options."""
+def _code(names: tuple[str, ...], what: str) -> Any:
+    """torch's integer option code -> its name; an unknown code is a Reject."""
+    def name_of(code: int) -> str:
+        if code not in range(len(names)):
+            listed = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
+            raise Reject(f"{what} {code} is not one of {listed}")
+        return names[code]
+    return name_of
 
-    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
-        """(mode, padding, align_corners) of ``node``; raises Reject."""
-        raise NotImplementedError
 
-    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
-        """(mode, padding, align_corners) from plain attribute values (the reference)."""
-        raise NotImplementedError
+_ALIGN_DOC = "1: -1 and 1 are the centers of the corner pixels"
+_X_GRID = (In("x"), In("grid"))
+
+
+class GridSample(Pattern):
+    """``GridSample`` (opset-16/20 attribute spellings), torch's ``grid_sampler`` and
+    OpenMMLab's ``mmcv::grid_sampler``: arguments ``mode``, ``padding_mode``,
+    ``align_corners`` (bool)."""
+
+    op_type = "GridSample"
+    forms = (
+        Form("GridSample", inputs=_X_GRID, attributes={
+            "mode": Attr("string", default="bilinear", choices=MODES, normalize=_mode_name,
+                         doc="bilinear|linear, nearest, bicubic|cubic"),
+            "padding_mode": Attr("string", default="zeros", choices=PADDINGS,
+                                 normalize=_lower_name, doc="zeros, border, reflection"),
+            "align_corners": Attr("int", default=0, choices=(0, 1), normalize=int,
+                                  doc=_ALIGN_DOC)}),
+        Form(aten="grid_sampler", inputs=(
+            *_X_GRID, Const("mode", "int", normalize=_code(MODES, "interpolation mode")),
+            Const("padding_mode", "int", normalize=_code(PADDINGS, "padding mode")),
+            Const("align_corners", "int", choices=(0, 1)))),
+        Form("grid_sampler", label="grid_sampler (mmcv; any domain)", inputs=_X_GRID,
+             attributes={
+                 "interpolation_mode": Attr("int", default=0, arg="mode",
+                                            normalize=_code(MODES, "interpolation mode"),
+                                            doc="0 bilinear, 1 nearest, 2 bicubic"),
+                 "padding_mode": Attr("int", default=0,
+                                      normalize=_code(PADDINGS, "padding mode"),
+                                      doc="0 zeros, 1 border, 2 reflection"),
+                 "align_corners": Attr("int", default=0, choices=(0, 1), doc=_ALIGN_DOC)}),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
-        expected_inputs = 5 if node.form == "aten" else 2
-        if len(node.inputs) != expected_inputs or not all(node.inputs):
-            raise Reject(f"expected {expected_inputs} inputs, got {len(node.inputs)}")
-        if len(node.outputs) != 1:
-            raise Reject(f"expected 1 output, got {len(node.outputs)}")
-        mode, padding, align = self.options(node, ctx)
-        x, grid = node.inputs[0], node.inputs[1]
+        mode, padding = node.args["mode"], node.args["padding_mode"]
+        align = bool(node.args["align_corners"])
+        x, grid = node.tensor("x"), node.tensor("grid")
         x_type, grid_type = ctx.elem_type(x), ctx.elem_type(grid)
         if x_type is None:
             raise Reject(f"the element type of input '{x}' is unknown; give it a typed graph "
                          "input or value_info")
         grid_type = grid_type or x_type
         for label, elem_type in (("input", x_type), ("grid", grid_type)):
-            if elem_type not in _FLOAT_TYPES:
+            if elem_type not in FLOAT_TYPES:
                 raise Reject(f"{label} must be float16, float32 or float64, got "
                              f"{TensorProto.DataType.Name(elem_type).lower()}")
         k = _spatial_rank(x, grid, ctx)
@@ -164,97 +203,24 @@ class GridSampleBase(Pattern):
                      pad_input)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        build_grid_sample(b, node.inputs[0], node.inputs[1], node.outputs[0], facts)
+        build_grid_sample(b, node.tensor("x"), node.tensor("grid"), node.outputs[0], facts)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
         k = facts.spatial_rank
-        x_shape = ctx.shape(node.inputs[0])
-        grid_shape = ctx.shape(node.inputs[1])
+        x_shape = ctx.shape(node.tensor("x"))
+        grid_shape = ctx.shape(node.tensor("grid"))
         batch = x_shape[0] if x_shape else (grid_shape[0] if grid_shape else None)
         channels = x_shape[1] if x_shape else None
         spatial = list(grid_shape[1:1 + k]) if grid_shape else [None] * k
         return [(facts.x_type, [batch, channels, *spatial])]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        x, grid = inputs[0], inputs[1]
-        if len(inputs) == 5:  # the ATen forms: options are inputs 3-5
-            codes = [np.asarray(v).reshape(()).item() for v in inputs[2:5]]
-            mode, padding, align = _from_codes(*codes)
-        else:
-            mode, padding, align = self.options_from_attrs(attrs)
-        return [grid_sample_reference(x, grid, mode, padding, align)]
-
-
-class GridSample(GridSampleBase):
-    """``GridSample`` (opset-16/20 attribute spellings) and torch's ``grid_sampler``."""
-
-    op_type = "GridSample"
-    aten_operator = "grid_sampler"
-    attributes = {
-        "mode": Attr("string", default="bilinear", choices=MODES, normalize=_normalize_mode,
-                     doc="bilinear|linear, nearest, bicubic|cubic"),
-        "padding_mode": Attr("string", default="zeros", choices=PADDINGS,
-                             normalize=_normalize_name, doc="zeros, border, reflection"),
-        "align_corners": Attr("int", default=0, choices=(0, 1),
-                              doc="1: -1 and 1 are the centers of the corner pixels"),
-    }
-
-    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
-        if node.form != "aten":
-            return (node.attrs["mode"], node.attrs["padding_mode"],
-                    bool(node.attrs["align_corners"]))
-        codes = []
-        for position, label in ((2, "mode"), (3, "padding_mode"), (4, "align_corners")):
-            value = ctx.constant(node.inputs[position])
-            if value is None or value.size != 1:
-                raise Reject(f"{label} (input {position + 1}) must be a constant scalar")
-            if value.dtype.kind not in "iub":
-                raise Reject(f"{label} (input {position + 1}) must be an integer or bool, got "
-                             f"{value.dtype}")
-            codes.append(int(value.reshape(()).item()))
-        return _from_codes(*codes)
-
-    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
-        parsed = {name: spec.coerce(name, attrs.get(name))
-                  for name, spec in self.attributes.items()}
-        return parsed["mode"], parsed["padding_mode"], bool(parsed["align_corners"])
-
-
-class MmcvGridSampler(GridSampleBase):
-    """OpenMMLab's ``mmcv::grid_sampler`` (integer option codes as attributes)."""
-
-    op_type = "grid_sampler"
-    attributes = {
-        "interpolation_mode": Attr("int", default=0, choices=(0, 1, 2),
-                                   doc="0 bilinear, 1 nearest, 2 bicubic"),
-        "padding_mode": Attr("int", default=0, choices=(0, 1, 2),
-                             doc="0 zeros, 1 border, 2 reflection"),
-        "align_corners": Attr("int", default=0, choices=(0, 1),
-                              doc="1: -1 and 1 are the centers of the corner pixels"),
-    }
-
-    def options(self, node: MatchedNode, ctx: MatchContext) -> tuple[str, str, bool]:
-        return self.options_from_attrs(node.attrs)
-
-    def options_from_attrs(self, attrs: dict[str, Any]) -> tuple[str, str, bool]:
-        parsed = {name: spec.coerce(name, attrs.get(name))
-                  for name, spec in self.attributes.items()}
-        return _from_codes(parsed["interpolation_mode"], parsed["padding_mode"],
-                           parsed["align_corners"])
-
-
-def _from_codes(mode: int, padding: int, align: int) -> tuple[str, str, bool]:
-    """torch's integer option codes -> names; raises Reject on an unknown code."""
-    if mode not in range(len(MODES)):
-        raise Reject(f"interpolation mode {mode} is not one of 0 (bilinear), 1 (nearest), "
-                     f"2 (bicubic)")
-    if padding not in range(len(PADDINGS)):
-        raise Reject(f"padding mode {padding} is not one of 0 (zeros), 1 (border), "
-                     f"2 (reflection)")
-    if align not in (0, 1):
-        raise Reject(f"align_corners {align} is not 0 or 1")
-    return MODES[mode], PADDINGS[padding], bool(align)
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, grid = tensors["x"], tensors["grid"]
+        assert x is not None and grid is not None
+        return [grid_sample_reference(x, grid, args["mode"], args["padding_mode"],
+                                      bool(args["align_corners"]))]
 
 
 def _spatial_rank(x: str, grid: str, ctx: MatchContext) -> int:
@@ -802,4 +768,4 @@ def _cubic_taps(c: np.ndarray, n: int, padding: str, align_corners: bool, dtype:
     return taps
 
 
-PATTERNS = [GridSample(), MmcvGridSampler()]
+PATTERNS = [GridSample()]

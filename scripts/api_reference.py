@@ -13,6 +13,7 @@ import inspect
 import re
 
 from decomposer.builder import Builder, Value
+from decomposer.forms import Attr, Const, Form, In
 from decomposer.pattern import MatchContext, MatchedNode
 from decomposer.testing import Case
 
@@ -39,6 +40,26 @@ def _cell(text: str) -> str:
 def _first_line(obj: object) -> str:
     doc = inspect.getdoc(obj) or ""
     return " ".join(doc.split("\n\n")[0].split())
+
+
+def _forms_section() -> list[str]:
+    """The declarative spellings: Form's fields, then In, Const and Attr in one line each."""
+    lines = ["### Form (`forms` of a pattern)", "", _first_line(Form), "",
+             "| field | default | meaning |", "|---|---|---|"]
+    described = dict(re.findall(r"- ``(\w+)``: (.+?)(?=\n- |\Z)", inspect.getdoc(Form) or "",
+                                re.S))
+    for field in dataclasses.fields(Form):
+        if field.default is not dataclasses.MISSING:
+            default = f"`{field.default!r}`"
+        else:
+            default = "`{}`"
+        meaning = " ".join(described.get(field.name, "").split())
+        lines.append(f"| `{field.name}` | {_cell(default)} | {_cell(meaning)} |")
+    lines.append("")
+    for cls in (In, Const, Attr):
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        lines.append(f"- `{cls.__name__}({fields})`: {_cell(_first_line(cls))}")
+    return [*lines, ""]
 
 
 def reference() -> str:
@@ -68,9 +89,11 @@ def reference() -> str:
     lines.append("| `ctx.opset`, `ctx.target` | the model's default-domain opset; "
                  "`\"portable\"` or `\"ort\"` |")
     lines += ["", "### MatchedNode (`node`)", "", _first_line(MatchedNode), "",
-              "`node.name`, `node.inputs`, `node.outputs` (lists of names; an absent optional "
-              "input is `\"\"`), `node.attrs` (parsed against `attributes`), `node.form`, "
-              "`node.proto`.", "",
+              "`node.tensor(name)` and `node.args` (the normalized call of a pattern with "
+              "`forms`), `node.name`, `node.inputs`, `node.outputs` (lists of names; an absent "
+              "optional input is `\"\"`), `node.attrs` (the parsed attributes), `node.form` "
+              "(`\"native\"` or `\"aten\"`), `node.spelling` (the `Form`), `node.proto`.", "",
+              *_forms_section(),
               "### output_types", "",
               "`output_types(node, ctx, facts)` returns one `(elem_type, shape)` per output: "
               "`elem_type` an ONNX `TensorProto` element type or None, `shape` a list of "

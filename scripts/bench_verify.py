@@ -86,7 +86,7 @@ fetched = {**feeds, **dict(zip(names, session.run(names, feeds)))}
 start = time.perf_counter()
 for tap in taps:
     for run in executions(tap, fetched):
-        tap.replaced.pattern.reference(*run.inputs, **tap.replaced.attrs)
+        tap.replaced.pattern.evaluate(tap.replaced.form, run.inputs, tap.replaced.attrs)
 print("STEP", time.perf_counter() - start, file=sys.stderr)
 """
 

@@ -79,6 +79,7 @@ class Seed:
     domains: tuple[tuple[str, int], ...] = (("custom.ops", 17),)
     aten: tuple | None = None
     aten_opset: int = 13
+    op_type: str | None = None  # the native spelling's op_type (None: the pattern's first)
 
 
 def _i64(value):
@@ -137,9 +138,9 @@ SEEDS: dict[str, list[Seed]] = {
              attrs={"mode": "nearest", "padding_mode": "reflection"},
              domains=(("custom.ops", 20),),
              aten=("x", "grid", _i64(1), _i64(2), FALSE), aten_opset=17),
+        Seed((_X4, _GRID), attrs={"interpolation_mode": 2, "padding_mode": 2},
+             domains=(("mmcv", 11),), op_type="grid_sampler"),
     ],
-    "MmcvGridSampler": [Seed((_X4, _GRID), attrs={"interpolation_mode": 2, "padding_mode": 2},
-                             domains=(("mmcv", 11),))],
     "Inverse": [
         Seed((("A", F, ("B", 3, 3)),), domains=(("custom.ops", 13), ("com.microsoft", 17)),
              aten=("A",)),
@@ -196,14 +197,18 @@ def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
     """(form label, model) for every form of ``pattern`` that ``seed`` can write."""
     outs = [f"y{i}" for i in range(len(seed.outputs or [None]))]
     found = []
-    if pattern.domains is None or pattern.domains:
+    spellings = pattern.spellings()
+    native = [form for form in spellings if form.op_types]
+    if native:
+        op_type = seed.op_type or native[0].op_types[0]
         names = [name for name, _, _ in seed.inputs]
         for domain, opset in seed.domains:
-            node = helper.make_node(pattern.op_type, names, outs, name="op", domain=domain,
+            node = helper.make_node(op_type, names, outs, name="op", domain=domain,
                                     **seed.attrs)
-            found.append((f"{domain or '<default>'}::{pattern.op_type}@{opset}",
+            found.append((f"{domain or '<default>'}::{op_type}@{opset}",
                           _model([node], seed, opset, domain)))
-    if pattern.aten_operator and seed.aten is not None:
+    aten_form = next((form for form in spellings if form.aten), None)
+    if aten_form is not None and seed.aten is not None:
         nodes, names = [], []
         for index, arg in enumerate(seed.aten):
             if isinstance(arg, str):
@@ -212,7 +217,7 @@ def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
             names.append(f"arg{index}")
             nodes.append(helper.make_node("Constant", [], [names[-1]], name=f"const{index}",
                                           value=onnx.numpy_helper.from_array(arg, "v")))
-        op = pattern.aten_operator
+        op = aten_form.aten
         for label, node in [
                 (f"{ATEN}::{op}", helper.make_node(op, names, outs, name="op", domain=ATEN)),
                 (f"ATen(operator={op})", helper.make_node(
@@ -293,10 +298,10 @@ def check_seeds() -> list[str]:
     wanted = set()
     for entry in registry:
         pattern = entry.pattern
-        if pattern.domains is None or pattern.domains:
-            wanted.add((pattern.name, "native"))
-        if pattern.aten_operator:
-            wanted |= {(pattern.name, "fallthrough"), (pattern.name, "ATen")}
+        for form in pattern.spellings():
+            wanted |= {(pattern.name, f"native {op}") for op in form.op_types}
+            if form.aten:
+                wanted |= {(pattern.name, "fallthrough"), (pattern.name, "ATen")}
     problems = []
     for label, model in labelled_seeds():
         try:
@@ -309,8 +314,9 @@ def check_seeds() -> list[str]:
         for node in _nodes(model.graph):
             found = registry.lookup(node)
             if found is not None:
-                form = ("native" if found[1] == "native" else
-                        "ATen" if node.op_type == "ATen" else "fallthrough")
+                aten = node.op_type == "ATen" or node.domain == ATEN
+                form = ("ATen" if node.op_type == "ATen" else "fallthrough") if aten \
+                    else f"native {node.op_type}"
                 wanted.discard((found[0].name, form))
     problems += [f"no seed holds pattern {name} in its {form} form"
                  for name, form in sorted(wanted)]
@@ -336,9 +342,9 @@ def _vocabulary() -> tuple[list[str], list[str]]:
     ops = ["ATen", "Relu", "If", "Loop", "Constant", "Trilu", "Unknown", ""]
     names = ["operator", "overload_name", "value", "zzz"]
     for entry in build_registry(entry_points=False):
-        pattern = entry.pattern
-        ops += [pattern.op_type] + ([pattern.aten_operator] if pattern.aten_operator else [])
-        names += list(pattern.attributes)
+        for form in entry.pattern.spellings():
+            ops += list(form.op_types) + ([form.aten] if form.aten else [])
+            names += list(form.attributes)
     return sorted(set(ops)), sorted(set(names))
 
 

@@ -25,7 +25,6 @@ from torch.onnx import OperatorExportTypes
 import decomposer
 from decomposer.patterns.grid_sample import (
     GridSample,
-    MmcvGridSampler,
     channel_chunks,
     grid_sample_reference,
 )
@@ -358,7 +357,7 @@ def test_mmcv_grid_sampler():
                                  "align_corners": align}, symbolic="all", more_inputs=more))
     cases.append(Case(sample_inputs(rng, 3, np.float32)[0], {"interpolation_mode": 1},
                       symbolic="all", id="3-D nearest, other attributes defaulted"))
-    check_pattern(MmcvGridSampler(), cases, opsets=[11, 17], domain="mmcv",
+    check_pattern(GridSample(), cases, opsets=[11, 17], domain="mmcv", form="grid_sampler",
                   oracle=mmcv_oracle, atol=2e-5, rtol=2e-5)
 
 
@@ -430,9 +429,11 @@ def test_registry_sends_each_form_to_its_pattern():
     custom = helper.make_node("GridSample", ["a", "b"], ["y"], domain="custom.ops")
     found = {label: registry.lookup(node) for label, node in
              [("aten", aten), ("fallback", fallback), ("mmcv", mmcv), ("custom", custom)]}
-    assert {label: (type(p).__name__, form) for label, (p, form) in found.items()} == {
-        "aten": ("GridSample", "aten"), "fallback": ("GridSample", "aten"),
-        "mmcv": ("MmcvGridSampler", "native"), "custom": ("GridSample", "native")}
+    assert {label: (type(p).__name__, form.aten or form.op_types[0])
+            for label, (p, form) in found.items()} == {
+        "aten": ("GridSample", "grid_sampler"), "fallback": ("GridSample", "grid_sampler"),
+        "mmcv": ("GridSample", "grid_sampler"), "custom": ("GridSample", "GridSample")}
+    assert found["aten"][1].aten and not found["mmcv"][1].aten
 
 
 # -- rejections --------------------------------------------------------------------------------
@@ -468,7 +469,7 @@ REJECTIONS = [
      "attribute 'align_corners' = 2 is not one of"),
     ("mmcv unknown mode", _custom_model({"interpolation_mode": 3}, op_type="grid_sampler",
                                         domain="mmcv"),
-     "attribute 'interpolation_mode' = 3 is not one of"),
+     "attribute 'interpolation_mode': interpolation mode 3 is not one of"),
     ("aten unknown mode", aten_model("fallthrough", 3, 0, 0),
      "interpolation mode 3 is not one of 0 (bilinear), 1 (nearest), 2 (bicubic)"),
     ("aten unknown padding", aten_model("fallback", 0, 5, 0),
