@@ -56,6 +56,8 @@ _ATTR_KINDS = {
     "string": (AttributeProto.STRING,),
     "ints": (AttributeProto.INTS,),
     "floats": (AttributeProto.FLOATS, AttributeProto.INTS),
+    # One int or a list of them, read as a list (plugins write a square stride either way).
+    "int_or_ints": (AttributeProto.INT, AttributeProto.INTS),
 }
 
 
@@ -75,7 +77,8 @@ def _finish(label: str, value: Any, normalize: Callable[[Any], Any] | None,
 class Attr:
     """One attribute of a spelling.
 
-    ``kind`` is ``"int" | "float" | "string" | "ints" | "floats"``; ``default`` is used when
+    ``kind`` is ``"int" | "float" | "string" | "ints" | "floats" | "int_or_ints"`` (the last
+    reads one int as a 1-element list); ``default`` is used when
     the node lacks the attribute (omit it to make the attribute required), written like a
     value and normalized like one (``None`` is passed through as "absent"); ``normalize``
     maps the written value to the argument's value (it may raise :class:`Reject`);
@@ -136,6 +139,8 @@ class Attr:
             value = [float(v) for v in value]
         elif self.kind == "ints":
             value = [int(v) for v in value]
+        elif self.kind == "int_or_ints":
+            value = [int(v) for v in (value if isinstance(value, list) else [value])]
         return _finish(f"attribute '{name}'", value, self.normalize, self.choices)
 
 

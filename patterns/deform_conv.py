@@ -1,0 +1,495 @@
+"""Deformable convolution (DCN v1/v2: ONNX DeformConv, mmcv, torchvision) as gathers + MatMul.
+
+Matches (every spelling normalizes to the same call: x, weight, offset, mask?, bias?;
+strides, pads, dilations, group, offset_group):
+- ONNX ``DeformConv(X, W, offset[, B][, mask]; dilations, group, kernel_shape,
+  offset_group, pads, strides)`` in the default domain below opset 19 (it is standard from
+  19: there only with ``--lower DeformConv``), and in any other domain;
+- SPELLINGS below lists the plugin and exporter spellings, with the source each was read
+  from.
+
+Semantics (ONNX DeformConv-19, torchvision ``deform_conv2d``, mmcv ``deform_conv`` agree):
+X (N, C, H, W), W (Co, C/group, kH, kW), offset (N, offset_group*2*kH*kW, Ho, Wo), mask
+(N, offset_group*kH*kW, Ho, Wo), B (Co,) -> Y (N, Co, Ho, Wo). For output pixel (ho, wo),
+kernel tap k = i*kW + j and offset group g (channels g*C/offset_group onwards), the sample
+point is ``(ho*sH - pad_top + i*dH + offset[n, g*2K + 2k], wo*sW - pad_left + j*dW +
+offset[n, g*2K + 2k + 1])`` (dy first), sampled bilinearly with zeros outside
+(:mod:`._sampling`), times ``mask[n, g*K + k]``; then a grouped convolution of those
+samples with W, plus B. Ho and Wo are the offset's (the exporters make them the
+convolution's output size).
+
+Before -> after (group 1)::
+
+    DeformConv(X, W, offset, B, mask)
+      ->  rows = Reshape(Transpose(Pad(X, border 1), NHWC), (-1, C/offset_group))
+          y, x = base grid (Range over Ho, Wo + kernel taps) + offset (N, Ho*Wo, K, OG)
+          cols = sum over 4 taps of Gather(rows, tap index) * (weight * mask)
+                 # (N, Ho*Wo, K, OG, C/OG) = (N, P, K*C), k-major like W permuted
+          Y = Reshape(Transpose(MatMul(cols, W as (K*C, Co)) + B), (N, Co, Ho, Wo))
+
+With group > 1 the columns are split per group (a Transpose of the columns) and multiplied
+by a (group, K*C/group, Co/group) weight in one batched MatMul.
+
+Envelope: opsets 11+; 2-D only (X rank 4); X float16/32/64 (float16 is computed in
+float32 and rounded once); N, H, W, Ho, Wo dynamic; C, the kernel size, group and
+offset_group static (C from X or W, the kernel from ``kernel_shape`` or W). Memory: the
+columns are N*Ho*Wo*K*C elements (K times the output's pixels times C, like im2col), and
+two such tensors live at once while the four taps are summed; no chunking.
+No GridSample (TensorRT 10.14/11.1 miscompile GridSample-based deformable sampling,
+NVIDIA/TensorRT#4813), no Conv with a computed weight, no contrib ops.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
+
+from ._sampling import bilinear_gather, bilinear_zeros_reference, zero_bordered_rows
+
+FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+class Facts(NamedTuple):
+    elem_type: int  # of X and Y
+    compute_type: int  # FLOAT or DOUBLE
+    channels: int  # C
+    kernel: tuple[int, int]  # kH, kW
+    strides: tuple[int, int]
+    pads: tuple[int, int]  # top, left (bottom/right only size the output, the offset's)
+    dilations: tuple[int, int]
+    group: int
+    offset_group: int
+
+
+def _pair(name: str) -> Any:
+    """A list of 2 ints; one int (a square value) is repeated."""
+    def read(value: Any) -> list[int]:
+        values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+        if len(values) == 1:
+            values = values * 2
+        if len(values) != 2:
+            raise Reject(f"{name} must have 2 values (2-D), got {values}")
+        return values
+    return read
+
+
+def _pads(value: Any) -> list[int]:
+    """ONNX pads (top, left, bottom, right), or one (pad_h, pad_w) pair as mmcv writes."""
+    values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    if len(values) == 1:
+        values = values * 4
+    elif len(values) == 2:
+        values = values * 2
+    if len(values) != 4:
+        raise Reject(f"pads must have 4 values (2-D), got {values}")
+    return values
+
+
+def _mmcv_padding(value: Any) -> list[int]:
+    """mmcv's padding (pad_h, pad_w), or mmdeploy's MMCVDeformConv2d rewrite, which writes
+    ``[ph, ph, pw, pw]``, -> ONNX pads (top, left, bottom, right)."""
+    values = [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+    if len(values) == 1:
+        values = values * 2
+    if len(values) == 4 and values[0] == values[1] and values[2] == values[3]:
+        values = [values[0], values[2]]
+    if len(values) != 2:
+        raise Reject(f"padding must be (pad_h, pad_w) or mmdeploy's [ph, ph, pw, pw], got "
+                     f"{values}")
+    return values * 2
+
+
+def _symmetric_only(args: dict[str, Any]) -> dict[str, Any]:
+    """TensorRT's ModulatedDeformConv2d reads element 0 of stride, padding and dilation as
+    the width (its kernel launcher takes W first) while exporters write height first: a
+    square value means the same either way, an unequal pair is ambiguous."""
+    for name in ("strides", "dilations"):
+        if args[name][0] != args[name][1]:
+            raise Reject(f"unequal {name} {args[name]}: TensorRT's plugin reads element 0 as "
+                         f"the width, exporters write the height first; re-export with "
+                         f"mmcv's MMCVModulatedDeformConv2d or ONNX DeformConv")
+    if args["pads"][0] != args["pads"][1]:
+        raise Reject(f"unequal padding {args['pads'][:2]}: TensorRT's plugin reads element 0 "
+                     f"as the width, exporters write the height first")
+    return args
+
+
+def _pair_attr(default: int, arg: str, name: str) -> Attr:
+    return Attr("int_or_ints", default=[default, default], arg=arg, normalize=_pair(name))
+
+
+_MMCV_ATTRIBUTES = {
+    "stride": _pair_attr(1, "strides", "stride"),
+    "padding": Attr("int_or_ints", default=[0, 0], arg="pads", normalize=_mmcv_padding),
+    "dilation": _pair_attr(1, "dilations", "dilation"),
+    "groups": Attr("int", default=1, arg="group"),
+    "deform_groups": Attr("int", default=1, arg="offset_group"),
+}
+_TRT_ATTRIBUTES = {
+    "stride": _pair_attr(1, "strides", "stride"),
+    "padding": Attr("int_or_ints", default=[0, 0], arg="pads", normalize=_mmcv_padding),
+    "dilation": _pair_attr(1, "dilations", "dilation"),
+}
+_MODULATED_INPUTS = (In("x"), In("offset"), In("mask"), In("weight"), In("bias", optional=True))
+
+
+def _torchvision_args(args: dict[str, Any]) -> dict[str, Any]:
+    return {"strides": [args.pop("stride_h"), args.pop("stride_w")],
+            "pads": [args["pad_h"], args["pad_w"], args.pop("pad_h"), args.pop("pad_w")],
+            "dilations": [args.pop("dilation_h"), args.pop("dilation_w")], **args}
+
+
+SPELLINGS = (
+    # onnx/defs/nn/old.cc DeformConv-19: X, W, offset, B?, mask?; pads begin..., end...
+    Form("DeformConv", label="DeformConv (ONNX; default domain below 19, any other)",
+         inputs=(In("x"), In("weight"), In("offset"), In("bias", optional=True),
+                 In("mask", optional=True)),
+         attributes={
+             "strides": Attr("ints", default=[1, 1], normalize=_pair("strides")),
+             "pads": Attr("ints", default=[0, 0, 0, 0], normalize=_pads),
+             "dilations": Attr("ints", default=[1, 1], normalize=_pair("dilations")),
+             "group": Attr("int", default=1),
+             "offset_group": Attr("int", default=1),
+             "kernel_shape": Attr("ints", default=None, normalize=_pair("kernel_shape")),
+         }),
+    # mmcv/ops/modulated_deform_conv.py ModulatedDeformConv2dFunction.symbolic (mmcv::) and
+    # mmdeploy/mmcv/ops/modulated_deform_conv.py (mmdeploy::): input, offset, mask, weight,
+    # bias only when the module has one; stride/padding/dilation (h, w).
+    Form("MMCVModulatedDeformConv2d", label="MMCVModulatedDeformConv2d (mmcv, mmdeploy; "
+         "any domain)", inputs=_MODULATED_INPUTS, attributes=_MMCV_ATTRIBUTES),
+    # mmcv/ops/deform_conv.py DeformConv2dFunction.symbolic: input, offset, weight; bias_i is
+    # always 0 (forward asserts it), im2col_step_i is a CUDA batching knob. mmdeploy's
+    # rewrite drops both and writes padding as [ph, ph, pw, pw].
+    Form("MMCVDeformConv2d", label="MMCVDeformConv2d (mmcv, mmdeploy; any domain)",
+         inputs=(In("x"), In("offset"), In("weight")),
+         attributes={**_MMCV_ATTRIBUTES,
+                     "bias": Attr("int", default=0, choices=(0,), arg="bias_attribute",
+                                  doc="mmcv writes 0: no bias")},
+         extra_attributes=frozenset({"im2col_step"})),
+    # torchvision/csrc/ops/deform_conv2d.cpp schema, as torch's FALLTHROUGH export writes it
+    # (torchvision registers no ONNX symbolic for it).
+    Form("deform_conv2d", domains=frozenset({"torchvision"}),
+         label="torchvision::deform_conv2d (FALLTHROUGH)",
+         inputs=(In("x"), In("weight"), In("offset"), In("mask"), In("bias"),
+                 *(Const(name, "int") for name in (
+                     "stride_h", "stride_w", "pad_h", "pad_w", "dilation_h", "dilation_w")),
+                 Const("group", "int"), Const("offset_group", "int"),
+                 Const("use_mask", "bool")),
+         convert=_torchvision_args),
+    # TensorRT OSS plugin/modulatedDeformConvPlugin (README, modulatedDeformConvPlugin.cpp):
+    # x, offset, mask, weight, bias?; stride/padding/dilation 2 ints, group,
+    # deformable_group.
+    Form("ModulatedDeformConv2d", label="ModulatedDeformConv2d (TensorRT OSS; any domain)",
+         inputs=_MODULATED_INPUTS,
+         attributes={**_TRT_ATTRIBUTES, "group": Attr("int", default=1),
+                     "deformable_group": Attr("int", default=1, arg="offset_group")},
+         convert=_symmetric_only),
+    # CaoWGG/TensorRT-CenterNet readme/ctdet2onnx.md and its onnx-tensorrt importer (also
+    # Kettenhoax/TensorRT-DCNv2-Plugin): input, offset, mask, weight, bias; single ints.
+    Form("DCNv2", label="DCNv2 (TensorRT-CenterNet; any domain)",
+         inputs=(In("x"), In("offset"), In("mask"), In("weight"), In("bias")),
+         attributes={**_TRT_ATTRIBUTES, "groups": Attr("int", default=1, arg="group"),
+                     "deformable_group": Attr("int", default=1, arg="offset_group")},
+         convert=_symmetric_only),
+    # eweill-nv/dcnv2_trt (from dlunion/tensorRTIntegrate): input, offset_mask (the raw
+    # offset conv output: offset = channels [0, 2*OG*K), mask = sigmoid(the rest)), weight,
+    # bias. (A 3-input DCNv2_TRT with the weight as plugin fields also circulates; its
+    # source could not be pinned, and it is refused by the input count.)
+    Form("DCNv2_TRT", label="DCNv2_TRT (dcnv2_trt; any domain)",
+         inputs=(In("x"), In("offset_mask"), In("weight"), In("bias")),
+         attributes={**_TRT_ATTRIBUTES,
+                     "deformable_groups": Attr("int", default=1, arg="offset_group")},
+         convert=_symmetric_only),
+)
+
+
+class DeformConv(Pattern[Facts]):
+    """Deformable convolution in every pinned spelling (see the module docstring)."""
+
+    op_type = "DeformConv"
+    forms = SPELLINGS
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        args = _with_defaults(node.args)
+        x, weight, offset = node.tensor("x"), node.tensor("weight"), _offset(node)
+        mask, bias = _mask(node), node.tensor("bias")
+        elem_type = ctx.elem_type(x)
+        if elem_type not in FLOAT_TYPES:
+            raise Reject(f"input '{x}' must be float16, float32 or float64, got "
+                         f"{_type_name(elem_type)}")
+        for label, name in (("weight", weight), ("offset", offset), ("mask", mask),
+                            ("bias", bias)):
+            if name and ctx.elem_type(name) not in (None, elem_type):
+                raise Reject(f"{label} '{name}' is {_type_name(ctx.elem_type(name))}; it "
+                             f"must have the input's type, {_type_name(elem_type)}")
+        x_shape, w_shape = ctx.shape(x), ctx.shape(weight)
+        o_shape = ctx.shape(offset)
+        for label, name, shape in (("input", x, x_shape), ("weight", weight, w_shape),
+                                   ("offset", offset, o_shape),
+                                   ("mask", mask, ctx.shape(mask) if mask else None)):
+            if shape is not None and len(shape) != 4:
+                raise Reject(f"{label} '{name}' must have rank 4 (2-D deformable "
+                             f"convolution), got rank {len(shape)}")
+        group, offset_group = int(args["group"]), int(args["offset_group"])
+        if group < 1 or offset_group < 1:
+            raise Reject(f"group ({group}) and offset_group ({offset_group}) must be >= 1")
+        kernel = _static_kernel(args.get("kernel_shape"), w_shape)
+        channels = _static_channels(x_shape, w_shape, group)
+        for label, count in (("group", group), ("offset_group", offset_group)):
+            if channels % count:
+                raise Reject(f"{label} {count} does not divide the {channels} input channels")
+        if w_shape is not None and isinstance(w_shape[0], int) and w_shape[0] % group:
+            raise Reject(f"group {group} does not divide the {w_shape[0]} output channels")
+        taps = kernel[0] * kernel[1]
+        if node.tensor("offset_mask"):
+            _check_channels("offset_mask", offset, o_shape, 3 * offset_group * taps,
+                            f"3 * offset_group ({offset_group}) * kH*kW ({taps})")
+        else:
+            _check_channels("offset", offset, o_shape, 2 * offset_group * taps,
+                            f"2 * offset_group ({offset_group}) * kH*kW ({taps})")
+        if mask:
+            _check_channels("mask", mask, ctx.shape(mask), offset_group * taps,
+                            f"offset_group ({offset_group}) * kH*kW ({taps})")
+        strides, dilations = args["strides"], args["dilations"]
+        if min(strides) < 1 or min(dilations) < 1:
+            raise Reject(f"strides {strides} and dilations {dilations} must be >= 1")
+        compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
+        return Facts(elem_type, compute, channels, kernel, tuple(strides),
+                     tuple(args["pads"][:2]), tuple(dilations), group, offset_group)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        build_deform_conv(b, node, facts)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        x_shape, w_shape = ctx.shape(node.tensor("x")), ctx.shape(node.tensor("weight"))
+        o_shape = ctx.shape(_offset(node))
+        return [(facts.elem_type, [x_shape[0] if x_shape else None,
+                                   w_shape[0] if w_shape else None,
+                                   *(o_shape[2:] if o_shape else (None, None))])]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        args = _with_defaults(args)
+        x, weight = tensors["x"], tensors["weight"]
+        offset, mask = tensors.get("offset"), tensors.get("mask")
+        offset_mask = tensors.get("offset_mask")
+        if offset_mask is not None:  # DCNv2_TRT: offset, then the mask's logits
+            split = offset_mask.shape[1] * 2 // 3
+            offset = offset_mask[:, :split]
+            mask = (1 / (1 + np.exp(-offset_mask[:, split:].astype(np.float64)))).astype(
+                offset_mask.dtype)
+        if not args.get("use_mask", True):
+            mask = None
+        assert x is not None and weight is not None and offset is not None
+        return [deform_conv_reference(x, weight, offset, tensors.get("bias"),
+                                      mask, args["strides"], args["pads"],
+                                      args["dilations"], int(args["group"]),
+                                      int(args["offset_group"]))]
+
+
+def _with_defaults(args: dict[str, Any]) -> dict[str, Any]:
+    """Arguments a spelling does not write: one group, one offset group, the kernel from W,
+    a mask when one is given."""
+    return {"group": 1, "offset_group": 1, "kernel_shape": None, "use_mask": True, **args}
+
+
+def _offset(node: MatchedNode) -> str:
+    """The offset input (DCNv2_TRT: the offset-and-mask input)."""
+    return node.tensor("offset") or node.tensor("offset_mask")
+
+
+def _mask(node: MatchedNode) -> str:
+    """The mask input, "" when there is none (torchvision: ``use_mask`` false)."""
+    return node.tensor("mask") if node.args.get("use_mask", True) else ""
+
+
+def _type_name(elem_type: int | None) -> str:
+    return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
+
+
+def _static_kernel(kernel_shape: list[int] | None, w_shape: Any) -> tuple[int, int]:
+    from_weight = tuple(w_shape[2:]) if w_shape is not None else (None, None)
+    if kernel_shape is not None:
+        for given, known in zip(kernel_shape, from_weight, strict=True):
+            if isinstance(known, int) and known != given:
+                raise Reject(f"kernel_shape {kernel_shape} does not match the weight's "
+                             f"{list(from_weight)}")
+        return int(kernel_shape[0]), int(kernel_shape[1])
+    if all(isinstance(d, int) for d in from_weight):
+        return int(from_weight[0]), int(from_weight[1])
+    raise Reject("the kernel size must be static: give the weight a static shape (an "
+                 "initializer) or kernel_shape")
+
+
+def _static_channels(x_shape: Any, w_shape: Any, group: int) -> int:
+    x_channels = x_shape[1] if x_shape is not None else None
+    per_group = w_shape[1] if w_shape is not None else None
+    if isinstance(x_channels, int) and isinstance(per_group, int) \
+            and x_channels != per_group * group:
+        raise Reject(f"the input has {x_channels} channels but the weight takes {per_group} "
+                     f"per group x {group} groups")
+    if isinstance(x_channels, int):
+        return x_channels
+    if isinstance(per_group, int):
+        return per_group * group
+    raise Reject("the input channel count must be static (from the input's or the weight's "
+                 "shape)")
+
+
+def _check_channels(label: str, name: str, shape: Any, expected: int, why: str) -> None:
+    if shape is not None and isinstance(shape[1], int) and shape[1] != expected:
+        raise Reject(f"{label} '{name}' has {shape[1]} channels; expected {expected} = {why}")
+
+
+# -- the decomposition --------------------------------------------------------------------
+
+
+def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
+    dtype = numpy_dtype(facts.compute_type)
+    narrow = facts.elem_type != facts.compute_type
+    kh, kw = facts.kernel
+    taps = kh * kw
+    og, group, channels = facts.offset_group, facts.group, facts.channels
+
+    def computed(name: str, hint: str) -> Value:
+        value = b.input(name, numpy_dtype(facts.elem_type))
+        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
+
+    x = computed(node.tensor("x"), "x")
+    offset = computed(_offset(node), "offset")
+    mask: Value | None = computed(_mask(node), "mask") if _mask(node) else None
+    if node.tensor("offset_mask"):  # channels [0, 2*OG*K): offset; the rest: mask logits
+        mask = b.Sigmoid(b.Slice(offset, [2 * og * taps], [3 * og * taps], [1],
+                                 hint="mask_logits"), hint="mask_sigmoid")
+        offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
+    image = zero_bordered_rows(b, x, channels, og, dtype)
+
+    # Sample points: (N, OG, K, P), P = Ho*Wo flattened: point math broadcasts over whole
+    # rows of P (ONNX Runtime is several times slower on a small innermost axis).
+    out_sizes = b.Shape(offset, 2, 4, hint="out_sizes")  # Ho, Wo
+    out_sizes_f = b.Cast(out_sizes, dtype, hint="out_sizes_f")
+    rows_h = b.Range(0.0, b.Gather(out_sizes_f, 0, axis=0, hint="ho"), 1.0, hint="ho_range")
+    cols_w = b.Range(0.0, b.Gather(out_sizes_f, 1, axis=0, hint="wo"), 1.0, hint="wo_range")
+    (sh, sw), (pt, pl), (dh, dw) = facts.strides, facts.pads, facts.dilations
+    base_y = b.Expand(b.Unsqueeze(rows_h * float(sh) - float(pt), [1], hint="base_y_col"),
+                      out_sizes, hint="base_y_grid")  # (Ho, Wo)
+    base_x = b.Expand(b.Unsqueeze(cols_w * float(sw) - float(pl), [0], hint="base_x_row"),
+                      out_sizes, hint="base_x_grid")
+    tap_y = (np.arange(taps) // kw * dh).astype(dtype).reshape(1, 1, taps, 1)
+    tap_x = (np.arange(taps) % kw * dw).astype(dtype).reshape(1, 1, taps, 1)
+    point_y = b.Reshape(base_y, [1, 1, 1, -1], hint="base_y") + tap_y  # (1, 1, K, P)
+    point_x = b.Reshape(base_x, [1, 1, 1, -1], hint="base_x") + tap_x
+
+    # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1.
+    pairs = b.Reshape(offset, [0, og * taps, 2, -1], hint="offset_pairs")  # (N, OG*K, 2, P)
+    dy, dx = b.Split(pairs, 2, axis=2, hint="offset_yx")
+
+    def per_point(value: Value, hint: str) -> Value:  # (N, OG*K, 1, P) -> (N, OG, K, P)
+        return b.Reshape(value, [0, og, taps, -1], hint=hint)
+
+    y = point_y + per_point(dy, "dy")
+    x_coord = point_x + per_point(dx, "dx")
+    scale = per_point(mask, "modulation") if mask is not None else None
+
+    # Row of pixel (-1, -1) of each sample's image and offset group: (N, OG, 1, 1).
+    batch = b.Gather(b.Shape(x, 0, 1, hint="batch"), 0, axis=0, hint="n")
+    image_index = b.Range(np.int64(0), batch, np.int64(1), hint="batch_index")
+    base = b.Reshape(image_index, [-1, 1, 1, 1], hint="image_row") * image.padded_plane \
+        + np.arange(og, dtype=np.int64).reshape(1, og, 1, 1)
+    # Group 1: taps gathered in (N, P, OG, K) order, columns (N, P, OG*K*C/OG) and the
+    # weight's rows permuted to match (weight-sized work, folded when W is constant).
+    # Groups: (N, P, K, OG), columns (N, P, K*C), k-major, split per group below.
+    per_group = channels // group
+    perm = [0, 3, 1, 2] if group == 1 else [0, 3, 2, 1]
+    cols = bilinear_gather(b, image, y, x_coord, base, scale, hint="tap", perm=perm)
+
+    weight = computed(node.tensor("weight"), "weight")
+    out_channels = b.Shape(weight, 0, 1, hint="out_channels")
+    if group == 1:
+        cols = b.Reshape(cols, [0, 0, taps * channels], hint="columns")  # (N, P, OG*K*Cg)
+        # W (Co, OG*Cg, kH, kW) -> (OG*K*Cg, Co); perm[0] stays 0 (onnx2tf rebuilds other
+        # perms by matching dim sizes, and C == Co is common)
+        w_view = b.Reshape(weight, [1, -1, og, channels // og, taps], hint="weight_view")
+        w_matrix = b.Reshape(b.Transpose(w_view, [0, 2, 4, 3, 1], hint="weight_gkc"),
+                             [taps * channels, -1], hint="weight_matrix")
+        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, P, Co)
+        if node.tensor("bias"):
+            y_out = y_out + computed(node.tensor("bias"), "bias")
+        y_out = b.Transpose(y_out, [0, 2, 1], hint="channels_first")  # (N, Co, P)
+    else:
+        cols = b.Reshape(cols, [0, 0, taps, group, per_group], hint="columns")
+        cols = b.Transpose(cols, [0, 3, 1, 2, 4], hint="columns_by_group")  # (N,G,P,K,C/G)
+        cols = b.Reshape(cols, [0, group, -1, taps * per_group], hint="group_columns")
+        w_groups = b.Reshape(weight, [group, -1, per_group, taps], hint="weight_groups")
+        w_matrix = b.Reshape(b.Transpose(w_groups, [0, 3, 2, 1], hint="weight_gkc"),
+                             [group, taps * per_group, -1], hint="weight_matrix")
+        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, G, P, Co/G)
+        y_out = b.Transpose(y_out, [0, 1, 3, 2], hint="channels_first")  # (N, G, Co/G, P)
+        if node.tensor("bias"):
+            bias = computed(node.tensor("bias"), "bias")
+            y_out = y_out + b.Reshape(bias, [group, -1, 1], hint="bias_groups")
+    target = b.Concat(np.asarray([0], np.int64), out_channels, out_sizes, axis=0,
+                      hint="out_shape")
+    if narrow:
+        y_out = b.Reshape(y_out, target, hint="y_compute")
+        b.Cast(y_out, facts.elem_type, out=node.outputs[0])
+    else:
+        b.Reshape(y_out, target, out=node.outputs[0])
+
+
+# -- numpy reference ----------------------------------------------------------------------
+
+
+def deform_conv_reference(x: np.ndarray, weight: np.ndarray, offset: np.ndarray,
+                          bias: np.ndarray | None, mask: np.ndarray | None,
+                          strides: list[int], pads: list[int], dilations: list[int],
+                          group: int, offset_group: int) -> np.ndarray:
+    """Deformable convolution from the definition, in float64, rounded to x's dtype."""
+    n_batch, channels = x.shape[:2]
+    out_channels, per_group, kh, kw = weight.shape
+    _, _, ho, wo = offset.shape
+    taps = kh * kw
+    per_offset_group = channels // offset_group
+    tap_y = np.repeat(np.arange(kh) * dilations[0], kw)  # tap k = i*kW + j
+    tap_x = np.tile(np.arange(kw) * dilations[1], kh)
+    grid_y = tap_y[:, None, None] + (np.arange(ho) * strides[0] - pads[0])[None, :, None]
+    grid_x = tap_x[:, None, None] + (np.arange(wo) * strides[1] - pads[1])[None, None, :]
+    out = np.zeros((n_batch, out_channels, ho, wo), np.float64)
+    for n in range(n_batch):
+        cols = np.zeros((channels, taps, ho, wo), np.float64)
+        for g in range(offset_group):
+            o = offset[n, g * 2 * taps:(g + 1) * 2 * taps].astype(np.float64)
+            y = grid_y + o[0::2]  # (K, Ho, Wo)
+            xs = grid_x + o[1::2]
+            lo = g * per_offset_group
+            samples = bilinear_zeros_reference(x[n, lo:lo + per_offset_group], y, xs)
+            if mask is not None:
+                samples = samples * mask[n, g * taps:(g + 1) * taps].astype(np.float64)
+            cols[lo:lo + per_offset_group] = samples
+        for gi in range(group):
+            w = weight[gi * (out_channels // group):(gi + 1) * (out_channels // group)]
+            c = cols[gi * per_group:(gi + 1) * per_group].reshape(per_group * taps, -1)
+            out[n, gi * (out_channels // group):(gi + 1) * (out_channels // group)] = \
+                (w.reshape(w.shape[0], -1).astype(np.float64) @ c).reshape(-1, ho, wo)
+    if bias is not None:
+        out += bias.astype(np.float64)[None, :, None, None]
+    return out.astype(x.dtype)
+
+
+PATTERNS = [DeformConv()]
