@@ -104,6 +104,15 @@ def bilinear_gather(b: Builder, image: Rows, y: Value, x: Value, base: Value,
     return total
 
 
+def positions(b: Builder, dims: Value, axis: int, dtype: np.dtype, hint: str) -> Value:
+    """0, 1, 2, ... along ``axis`` of a tensor of shape ``dims`` (an int64 shape vector).
+
+    A running sum of ones, not a ``Range``: TVM's importer cannot give a shape to what
+    follows a Range of run-time length, but it carries ConstantOfShape's through."""
+    ones = b.ConstantOfShape(dims, 1, dtype, hint=f"{hint}_ones")
+    return b.CumSum(ones, axis, exclusive=True, hint=hint)
+
+
 # -- numpy twin ---------------------------------------------------------------------------
 
 

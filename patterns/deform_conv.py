@@ -59,7 +59,7 @@ from decomposer.pattern import (
     Reject,
 )
 
-from ._sampling import bilinear_gather, bilinear_zeros_reference, zero_bordered_rows
+from ._sampling import bilinear_gather, bilinear_zeros_reference, positions, zero_bordered_rows
 
 FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -380,77 +380,86 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
         offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
     image = zero_bordered_rows(b, x, channels, og, dtype)
 
-    # Sample points: (N, OG, K, P), P = Ho*Wo flattened: point math broadcasts over whole
-    # rows of P (ONNX Runtime is several times slower on a small innermost axis).
+    # Sample points: (N, OG, K, Ho, Wo); every shape is the offset's own dims or a constant
+    # (TVM cannot broadcast Ho*Wo computed two ways against each other), and the point
+    # math broadcasts over whole rows of Wo.
     out_sizes = b.Shape(offset, 2, 4, hint="out_sizes")  # Ho, Wo
-    out_sizes_f = b.Cast(out_sizes, dtype, hint="out_sizes_f")
-    rows_h = b.Range(0.0, b.Gather(out_sizes_f, 0, axis=0, hint="ho"), 1.0, hint="ho_range")
-    cols_w = b.Range(0.0, b.Gather(out_sizes_f, 1, axis=0, hint="wo"), 1.0, hint="wo_range")
+    batch = b.Shape(x, 0, 1, hint="batch_size")
     (sh, sw), (pt, pl), (dh, dw) = facts.strides, facts.pads, facts.dilations
-    base_y = b.Expand(b.Unsqueeze(rows_h * float(sh) - float(pt), [1], hint="base_y_col"),
-                      out_sizes, hint="base_y_grid")  # (Ho, Wo)
-    base_x = b.Expand(b.Unsqueeze(cols_w * float(sw) - float(pl), [0], hint="base_x_row"),
-                      out_sizes, hint="base_x_grid")
-    tap_y = (np.arange(taps) // kw * dh).astype(dtype).reshape(1, 1, taps, 1)
-    tap_x = (np.arange(taps) % kw * dw).astype(dtype).reshape(1, 1, taps, 1)
-    point_y = b.Reshape(base_y, [1, 1, 1, -1], hint="base_y") + tap_y  # (1, 1, K, P)
-    point_x = b.Reshape(base_x, [1, 1, 1, -1], hint="base_x") + tap_x
+    rows_h, cols_w = (positions(b, out_sizes, axis, dtype, hint=f"out_{name}")
+                      for axis, name in enumerate("yx"))  # (Ho, Wo) each
+    tap_y = (np.arange(taps) // kw * dh).astype(dtype).reshape(taps, 1, 1)
+    tap_x = (np.arange(taps) % kw * dw).astype(dtype).reshape(taps, 1, 1)
+    point_y = b.Unsqueeze(rows_h * float(sh) - float(pt), [0], hint="base_y") + tap_y
+    point_x = b.Unsqueeze(cols_w * float(sw) - float(pl), [0], hint="base_x") + tap_x
+    # (K, Ho, Wo) each
 
     # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1.
-    pairs = b.Reshape(offset, [0, og * taps, 2, -1], hint="offset_pairs")  # (N, OG*K, 2, P)
-    dy, dx = b.Split(pairs, 2, axis=2, hint="offset_yx")
+    pairs = b.Reshape(offset, b.Concat(batch, np.asarray([og, taps * 2]), out_sizes, axis=0,
+                                       hint="pairs_shape"), hint="offset_pairs")
+    dy, dx = b.Split(b.Reshape(pairs, b.Concat(batch, np.asarray([og, taps, 2]), out_sizes,
+                                               axis=0, hint="yx_shape"), hint="offset_yx"),
+                     2, axis=3, hint="offset_yx")  # (N, OG, K, 1, Ho, Wo) each
+    per_point_shape = b.Concat(batch, np.asarray([og, taps]), out_sizes, axis=0,
+                               hint="points_shape")
 
-    def per_point(value: Value, hint: str) -> Value:  # (N, OG*K, 1, P) -> (N, OG, K, P)
-        return b.Reshape(value, [0, og, taps, -1], hint=hint)
+    def per_point(value: Value, hint: str) -> Value:  # -> (N, OG, K, Ho, Wo)
+        return b.Reshape(value, per_point_shape, hint=hint)
 
-    y = point_y + per_point(dy, "dy")
-    x_coord = point_x + per_point(dx, "dx")
+    y = per_point(dy, "dy") + point_y
+    x_coord = per_point(dx, "dx") + point_x
     scale = per_point(mask, "modulation") if mask is not None else None
 
-    # Row of pixel (-1, -1) of each sample's image and offset group: (N, OG, 1, 1).
-    batch = b.Gather(b.Shape(x, 0, 1, hint="batch"), 0, axis=0, hint="n")
-    image_index = b.Range(np.int64(0), batch, np.int64(1), hint="batch_index")
-    base = b.Reshape(image_index, [-1, 1, 1, 1], hint="image_row") * image.padded_plane \
-        + np.arange(og, dtype=np.int64).reshape(1, og, 1, 1)
-    # Group 1: taps gathered in (N, P, OG, K) order, columns (N, P, OG*K*C/OG) and the
-    # weight's rows permuted to match (weight-sized work, folded when W is constant).
-    # Groups: (N, P, K, OG), columns (N, P, K*C), k-major, split per group below.
+    # Row of pixel (-1, -1) of each sample's image and offset group: (N, OG, 1, 1, 1).
+    image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
+    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") * image.padded_plane \
+        + np.arange(og, dtype=np.int64).reshape(1, og, 1, 1, 1)
+    # Group 1: taps gathered in (N, Ho, Wo, OG, K) order, columns (N, Ho, Wo, OG*K*C/OG)
+    # and the weight's rows permuted to match (weight-sized work, folded when W is
+    # constant). Groups: (N, Ho, Wo, K, OG), columns k-major, split per group below.
     per_group = channels // group
-    perm = [0, 3, 1, 2] if group == 1 else [0, 3, 2, 1]
+    perm = [0, 3, 4, 1, 2] if group == 1 else [0, 3, 4, 2, 1]
     cols = bilinear_gather(b, image, y, x_coord, base, scale, hint="tap", perm=perm)
 
     weight = computed(node.tensor("weight"), "weight")
     out_channels = b.Shape(weight, 0, 1, hint="out_channels")
+    # Every Reshape target below is a Concat of Shape slices and constants, with no 0 or -1
+    # to infer: TVM's importer (dynamic shapes) cannot infer a dim of the summed gathers.
+    final = None if narrow else node.outputs[0]  # the last op writes the output
     if group == 1:
-        cols = b.Reshape(cols, [0, 0, taps * channels], hint="columns")  # (N, P, OG*K*Cg)
+        cols = b.Reshape(cols, b.Concat(batch, out_sizes, np.asarray([taps * channels]),
+                                        axis=0, hint="columns_shape"),
+                         hint="columns")  # (N, Ho, Wo, OG*K*Cg)
         # W (Co, OG*Cg, kH, kW) -> (OG*K*Cg, Co); perm[0] stays 0 (onnx2tf rebuilds other
         # perms by matching dim sizes, and C == Co is common)
         w_view = b.Reshape(weight, [1, -1, og, channels // og, taps], hint="weight_view")
         w_matrix = b.Reshape(b.Transpose(w_view, [0, 2, 4, 3, 1], hint="weight_gkc"),
                              [taps * channels, -1], hint="weight_matrix")
-        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, P, Co)
+        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, Ho, Wo, Co)
         if node.tensor("bias"):
             y_out = y_out + computed(node.tensor("bias"), "bias")
-        y_out = b.Transpose(y_out, [0, 2, 1], hint="channels_first")  # (N, Co, P)
+        y_nchw = b.Transpose(y_out, [0, 3, 1, 2], hint="channels_first", out=final)
     else:
-        cols = b.Reshape(cols, [0, 0, taps, group, per_group], hint="columns")
-        cols = b.Transpose(cols, [0, 3, 1, 2, 4], hint="columns_by_group")  # (N,G,P,K,C/G)
-        cols = b.Reshape(cols, [0, group, -1, taps * per_group], hint="group_columns")
+        cols = b.Reshape(cols, b.Concat(batch, out_sizes, np.asarray([taps, group, per_group]),
+                                        axis=0, hint="columns_shape"),
+                         hint="columns")  # (N, Ho, Wo, K, G, C/G)
+        cols = b.Transpose(cols, [0, 4, 1, 2, 3, 5], hint="columns_by_group")
+        cols = b.Reshape(cols, b.Concat(batch, np.asarray([group]), out_sizes,
+                                        np.asarray([taps * per_group]), axis=0,
+                                        hint="group_columns_shape"),
+                         hint="group_columns")  # (N, G, Ho, Wo, K*C/G)
         w_groups = b.Reshape(weight, [group, -1, per_group, taps], hint="weight_groups")
         w_matrix = b.Reshape(b.Transpose(w_groups, [0, 3, 2, 1], hint="weight_gkc"),
-                             [group, taps * per_group, -1], hint="weight_matrix")
-        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, G, P, Co/G)
-        y_out = b.Transpose(y_out, [0, 1, 3, 2], hint="channels_first")  # (N, G, Co/G, P)
+                             [group, 1, taps * per_group, -1], hint="weight_matrix")
+        y_out = b.MatMul(cols, w_matrix, hint="conv")  # (N, G, Ho, Wo, Co/G)
         if node.tensor("bias"):
             bias = computed(node.tensor("bias"), "bias")
-            y_out = y_out + b.Reshape(bias, [group, -1, 1], hint="bias_groups")
-    target = b.Concat(np.asarray([0], np.int64), out_channels, out_sizes, axis=0,
-                      hint="out_shape")
+            y_out = y_out + b.Reshape(bias, [group, 1, 1, -1], hint="bias_groups")
+        y_out = b.Transpose(y_out, [0, 1, 4, 2, 3], hint="channels_first")  # (N,G,Co/G,Ho,Wo)
+        y_nchw = b.Reshape(y_out, b.Concat(batch, out_channels, out_sizes, axis=0,
+                                           hint="out_shape"), hint="y_groups", out=final)
     if narrow:
-        y_out = b.Reshape(y_out, target, hint="y_compute")
-        b.Cast(y_out, facts.elem_type, out=node.outputs[0])
-    else:
-        b.Reshape(y_out, target, out=node.outputs[0])
+        b.Cast(y_nchw, facts.elem_type, out=node.outputs[0])
 
 
 # -- numpy reference ----------------------------------------------------------------------
