@@ -80,6 +80,7 @@ class Seed:
     aten: tuple | None = None
     aten_opset: int = 13
     op_type: str | None = None  # the native spelling's op_type (None: the pattern's first)
+    args: tuple | None = None  # the native node's inputs, written like ``aten`` (constants)
 
 
 def _i64(value):
@@ -140,6 +141,40 @@ SEEDS: dict[str, list[Seed]] = {
              aten=("x", "grid", _i64(1), _i64(2), FALSE), aten_opset=17),
         Seed((_X4, _GRID), attrs={"interpolation_mode": 2, "padding_mode": 2},
              domains=(("mmcv", 11),), op_type="grid_sampler"),
+    ],
+    "DeformConv": [
+        Seed((("x", F, ("N", 4, "H", "W")), ("w", F, (6, 2, 3, 3)),
+              ("off", F, ("N", 36, "h", "w")), ("b", F, (6,)), ("m", F, ("N", 18, "h", "w"))),
+             attrs={"group": 2, "offset_group": 2, "pads": [1, 1, 1, 1],
+                    "strides": [2, 1]}, domains=(("custom.ops", 17), ("", 13))),
+        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 36, "h", "w")),
+              ("m", F, ("N", 18, "h", "w")), ("w", F, (6, 4, 3, 3))),
+             attrs={"stride": [1, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
+                    "deform_groups": 2}, domains=(("mmcv", 11), ("mmdeploy", 17)),
+             op_type="MMCVModulatedDeformConv2d"),
+        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
+              ("w", F, (6, 4, 3, 3))),
+             attrs={"stride": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1],
+                    "groups": 1, "deform_groups": 1}, domains=(("mmdeploy", 11),),
+             op_type="MMCVDeformConv2d"),
+        Seed((("x", F, ("N", 4, "H", "W")), ("w", F, (6, 4, 3, 3)),
+              ("off", F, ("N", 18, "h", "w")), ("m", F, ("N", 9, "h", "w")), ("b", F, (6,))),
+             domains=(("torchvision", 13),), op_type="deform_conv2d",
+             args=("x", "w", "off", "m", "b", _i64(1), _i64(1), _i64(1), _i64(1), _i64(1),
+                   _i64(1), _i64(1), _i64(1), TRUE)),
+        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
+              ("m", F, ("N", 9, "h", "w")), ("w", F, (6, 4, 3, 3))),
+             attrs={"stride": [1, 1], "padding": [1, 1], "dilation": [2, 2], "group": 1,
+                    "deformable_group": 1}, domains=(("trt", 16),),
+             op_type="ModulatedDeformConv2d"),
+        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
+              ("m", F, ("N", 9, "h", "w")), ("w", F, (6, 4, 3, 3)), ("b", F, (6,))),
+             attrs={"stride": 1, "padding": 1, "dilation": 1, "groups": 1,
+                    "deformable_group": 1}, domains=(("", 11),), op_type="DCNv2"),
+        Seed((("x", F, ("N", 4, "H", "W")), ("om", F, ("N", 27, "h", "w")),
+              ("w", F, (6, 4, 3, 3)), ("b", F, (6,))),
+             attrs={"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                    "deformable_groups": 1}, domains=(("", 11),), op_type="DCNv2_TRT"),
     ],
     "Inverse": [
         Seed((("A", F, ("B", 3, 3)),), domains=(("custom.ops", 13), ("com.microsoft", 17)),
@@ -202,21 +237,17 @@ def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
     if native:
         op_type = seed.op_type or native[0].op_types[0]
         names = [name for name, _, _ in seed.inputs]
+        constants: list = []
+        if seed.args is not None:
+            constants, names = _argument_nodes(seed.args)
         for domain, opset in seed.domains:
             node = helper.make_node(op_type, names, outs, name="op", domain=domain,
                                     **seed.attrs)
             found.append((f"{domain or '<default>'}::{op_type}@{opset}",
-                          _model([node], seed, opset, domain)))
+                          _model([*constants, node], seed, opset, domain)))
     aten_form = next((form for form in spellings if form.aten), None)
     if aten_form is not None and seed.aten is not None:
-        nodes, names = [], []
-        for index, arg in enumerate(seed.aten):
-            if isinstance(arg, str):
-                names.append(arg)
-                continue
-            names.append(f"arg{index}")
-            nodes.append(helper.make_node("Constant", [], [names[-1]], name=f"const{index}",
-                                          value=onnx.numpy_helper.from_array(arg, "v")))
+        nodes, names = _argument_nodes(seed.aten)
         op = aten_form.aten
         for label, node in [
                 (f"{ATEN}::{op}", helper.make_node(op, names, outs, name="op", domain=ATEN)),
@@ -226,6 +257,20 @@ def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
             found.append((f"{label}@{seed.aten_opset}",
                           _model([*nodes, node], seed, seed.aten_opset, ATEN)))
     return found
+
+
+def _argument_nodes(args: tuple) -> tuple[list, list[str]]:
+    """(Constant nodes, input names) for an argument list: a graph input's name, "" for an
+    absent argument, or a numpy value written as a Constant node."""
+    nodes, names = [], []
+    for index, arg in enumerate(args):
+        if isinstance(arg, str):
+            names.append(arg)
+            continue
+        names.append(f"arg{index}")
+        nodes.append(helper.make_node("Constant", [], [names[-1]], name=f"const{index}",
+                                      value=onnx.numpy_helper.from_array(arg, "v")))
+    return nodes, names
 
 
 def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
