@@ -1,19 +1,23 @@
-"""Shared sampling: bilinear taps at pixel coordinates, zeros outside, as gathers of rows.
+"""Shared sampling: bilinear taps at pixel coordinates, zeros outside, as one gather of 2x2
+neighbourhoods per sample.
 
-In: an image batch laid out as rows (:func:`zero_bordered_rows`: (N, C, H, W) -> a zero
-border of one pixel, channels last, cut into channel groups, one row per (n, y, x, group)),
-and float pixel coordinates ``y``, ``x`` of any shape S that broadcasts against the row base
-index. Out: :func:`bilinear_gather`, the bilinearly interpolated samples, shape S + (C/G,):
-the four taps ``floor(y) + {0, 1}`` x ``floor(x) + {0, 1}``, each weighted by
-``(1 - |y - ty|) * (1 - |x - tx|)`` (times an optional per-sample scale), a tap outside the
-image contributing 0. That is the rule of torchvision's ``deform_conv2d``, mmcv's
-``deformable_im2col`` and ONNX ``DeformConv``: a sample with ``y <= -1``, ``y >= H``,
-``x <= -1`` or ``x >= W`` is 0, and inside that the corners outside the image count 0.
+In: an image batch (N, C, H, W) laid out by :func:`quad_rows` as one row per (image, pixel,
+channel group) holding the 2x2 neighbourhood whose top-left corner is that pixel (four
+channel-group vectors: (y, x), (y, x+1), (y+1, x), (y+1, x+1)), over a zero border; and
+float pixel coordinates ``y``, ``x`` of any shape S. Out: :func:`bilinear_sample`, the
+bilinearly interpolated samples, shape S (permuted) + (C / groups,): the four taps
+``floor(y) + {0, 1}`` x ``floor(x) + {0, 1}``, weighted by ``(1 - |y - ty|) * (1 - |x -
+tx|)`` (times an optional per-sample scale), a tap outside the image contributing 0. That is
+the rule of torchvision's ``deform_conv2d``, mmcv's ``deformable_im2col`` and ONNX
+``DeformConv``: a sample with ``y <= -1``, ``y >= H``, ``x <= -1`` or ``x >= W`` is 0, and
+inside that the corners outside the image count 0.
 
 How: coordinates are clipped to [-1, H] x [-1, W] (every coordinate outside samples zeros,
-and so does the clipped one), NaN becomes -1 (0, and never an out-of-range index); a tap
-index is then in [-1, H] and lands, shifted by the border, on a real pixel or on the zero
-border. So no per-tap validity mask is needed and every gather index is in range.
+and so does the clipped one) and NaN becomes -1 (0, never an out-of-range index); the
+top-left tap is then in [-1, H] x [-1, W] and, shifted by the border (one zero pixel before,
+two after), names a row of the quad table. One ``Gather`` fetches the sample's four taps as
+one contiguous row, and a batched ``MatMul`` of the (1, 4) tap weights with the (4, C/g)
+taps sums them: the sample-sized data is written once and read once.
 
 ``bilinear_zeros_reference`` is the numpy twin (float64 inside), written from the same
 definition with explicit corner masks, not from the graph.
@@ -27,81 +31,101 @@ import numpy as np
 
 from decomposer.builder import Builder, Value
 
-BORDER = 1  # zero pixels added on each side of both spatial axes
+# Zero pixels around the image: one before (a tap at -1), two after (a tap at H and its
+# neighbour at H + 1, which a top-left corner of H needs).
+BEFORE, AFTER = 1, 2
 
 
-class Rows(NamedTuple):
-    """An image batch as gather rows: (N * Hp * Wp * groups, C / groups)."""
+class Quads(NamedTuple):
+    """The quad table of an image batch: rows (N * (H+2) * (W+2) * groups, 4 * C/groups)."""
 
     rows: Value
     height: Value  # H, (1,) float: the clip bound of y
     width: Value  # W, (1,) float
-    padded_width: Value  # Wp = W + 2, int64 scalar
-    padded_plane: Value  # Hp * Wp * groups, int64 scalar: the row stride of one image
+    row_stride: Value  # (W + 2) * groups, int64 scalar: rows per image row
+    image_stride: Value  # (H + 2) * (W + 2) * groups, int64 scalar: rows per image
     groups: int
+    group_channels: int  # C / groups
 
 
-def zero_bordered_rows(b: Builder, x: Value, channels: int, groups: int, dtype: np.dtype
-                       ) -> Rows:
-    """``x`` (N, C, H, W) with a zero border, channels last, as rows of C/groups channels
-    (``channels``: the static C, which ``groups`` divides).
-
-    Row ``((n * Hp + y + 1) * Wp + x + 1) * groups + g`` holds channels
-    ``g*C/groups .. (g+1)*C/groups - 1`` of pixel (y, x) of image n.
-    """
+def quad_rows(b: Builder, x: Value, channels: int, groups: int, dtype: np.dtype) -> Quads:
+    """``x`` (N, C, H, W) as its quad table (see the module docstring). Row
+    ``((n * (H+2) + y + 1) * (W+2) + x + 1) * groups + g`` holds, for channel group g, the
+    pixels (y, x), (y, x+1), (y+1, x), (y+1, x+1) of image n, zeros outside the image;
+    ``channels`` is the static C, which ``groups`` divides. Costs four input-sized copies."""
     sizes = b.Cast(b.Shape(x, 2, 4, hint="image_sizes"), dtype, hint="image_sizes_f")
     height = b.Gather(sizes, [0], axis=0, hint="height")
     width = b.Gather(sizes, [1], axis=0, hint="width")
-    padded = b.Pad(x, [0, 0, BORDER, BORDER, 0, 0, BORDER, BORDER], np.asarray(0, dtype),
-                   hint="bordered")
-    padded_sizes = b.Shape(padded, 2, 4, hint="bordered_sizes")  # read back, not added
-    padded_height = b.Gather(padded_sizes, 0, axis=0, hint="bordered_height")
-    padded_width = b.Gather(padded_sizes, 1, axis=0, hint="bordered_width")
-    channels_last = b.Transpose(padded, [0, 2, 3, 1], hint="channels_last")
-    rows = b.Reshape(channels_last, [-1, channels // groups], hint="rows")
-    plane = padded_height * padded_width * np.asarray(groups, np.int64)
-    return Rows(rows, height, width, padded_width, plane, groups)
+    padded = b.Pad(x, [0, 0, BEFORE, BEFORE, 0, 0, AFTER, AFTER], np.asarray(0, dtype),
+                   hint="bordered")  # (N, C, H+3, W+3)
+    last = b.Transpose(padded, [0, 2, 3, 1], hint="channels_last")  # (N, H+3, W+3, C)
+    per_group = channels // groups
+    # rows dy .. dy+H+1, columns dx .. dx+W+1 of each corner: (N, H+2, W+2, C)
+    corners = [b.Slice(last, [dy, dx], [dy - 1 if dy == 0 else 2**62,
+                                        dx - 1 if dx == 0 else 2**62], [1, 2],
+                       hint=f"corner{dy}{dx}") for dy in (0, 1) for dx in (0, 1)]
+    # Sizes read back from a corner, not computed (TVM's importer does no arithmetic on a
+    # Shape, and infers no dim of a Concat of reshaped views when dims are dynamic).
+    corner_dims = b.Shape(corners[0], 0, 3, hint="quad_dims")  # N, H+2, W+2
+    grouped = b.Concat(corner_dims, np.asarray([groups, 1, per_group], np.int64), axis=0,
+                       hint="corner_groups_shape")
+    quads = b.Concat(*(b.Reshape(corner, grouped, hint="corner_groups") for corner in corners),
+                     axis=4, hint="quads")  # (N, H+2, W+2, groups, 4, C/groups)
+    grid_sizes = b.Shape(corners[0], 1, 3, hint="quad_sizes")
+    row_stride = b.Gather(grid_sizes, 1, axis=0, hint="quad_width") \
+        * np.asarray(groups, np.int64)
+    image_stride = b.Gather(grid_sizes, 0, axis=0, hint="quad_height") * row_stride
+    rows = b.Reshape(quads, [-1, 4 * per_group], hint="quad_rows")
+    return Quads(rows, height, width, row_stride, image_stride, groups, per_group)
 
 
-def bilinear_gather(b: Builder, image: Rows, y: Value, x: Value, base: Value,
-                    scale: Value | None = None, hint: str = "sample",
+def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
+                    scale: Value | None, sample_dims: list[Value | np.ndarray],
+                    hint: str = "sample",
                     perm: list[int] | None = None) -> Value:
     """Bilinear samples of ``image`` at pixel coordinates (``y``, ``x``), zeros outside.
 
     ``y``, ``x``: float, shape S; ``base``: int64, broadcasting to S: the row of pixel
-    (-1, -1) of each sample's image and group, ``n * Hp * Wp * groups + g`` (see
-    :func:`zero_bordered_rows`); ``scale``: optional float per sample (a modulation mask);
-    ``perm``: a transpose of S applied to each tap's index and weight before its gather
-    (lay the point math out with its longest axis last, and the samples as the caller
-    needs them). Returns S (permuted) + (C / groups,).
+    (-1, -1) of each sample's image and group, ``n * image_stride + g``; ``scale``: optional
+    float per sample (a modulation mask); ``perm``: a transpose of S applied to the row
+    index and the weights before the gather (lay the point math out with its longest axis
+    last, and the samples as the caller needs them); ``sample_dims``: the permuted S as
+    pieces of an int64 shape vector (Shape slices and int64 arrays, concatenated once per
+    Reshape target: no dim is inferred, and TVM's importer takes no Concat of a Concat of
+    shapes). Returns the permuted S + (C / groups,).
     """
-    taps = []
+    corner_index: list[Value] = []
+    weights: list[tuple[Value, Value]] = []
     for axis, (coordinate, size) in enumerate(((y, image.height), (x, image.width))):
         name = "yx"[axis]
         inside = b.Where(b.IsNaN(coordinate), -1.0, coordinate, hint=f"{hint}_{name}_num")
         inside = b.Min(b.Max(inside, -1.0), size, hint=f"{hint}_{name}_clip")
         low = b.Floor(inside, hint=f"{hint}_{name}0")
         fraction = inside - low
-        high = b.Min(low + 1.0, size, hint=f"{hint}_{name}1")
-        # +1: the border; int64 exact for every clipped coordinate
-        low_i = b.Cast(low + 1.0, np.int64, hint=f"{hint}_{name}0_i")
-        high_i = b.Cast(high + 1.0, np.int64, hint=f"{hint}_{name}1_i")
-        taps.append(((low_i, 1.0 - fraction), (high_i, fraction)))
+        # +BEFORE: the border; exact in int64 for every clipped coordinate
+        corner_index.append(b.Cast(low + float(BEFORE), np.int64, hint=f"{hint}_{name}0_i"))
+        weights.append((1.0 - fraction, fraction))
     groups = np.asarray(image.groups, np.int64)
-    total: Value | None = None
-    for (row, wy) in taps[0]:
-        row_base = base + row * image.padded_width * groups
-        for (column, wx) in taps[1]:
-            weight = wy * wx if scale is None else (wy * wx) * scale
-            index = row_base + column * groups
-            if perm is not None:
-                index = b.Transpose(index, perm, hint=f"{hint}_index")
-                weight = b.Transpose(weight, perm, hint=f"{hint}_weight")
-            gathered = b.Gather(image.rows, index, axis=0, hint=f"{hint}_tap")
-            term = gathered * b.Unsqueeze(weight, [-1], hint=f"{hint}_w")
-            total = term if total is None else total + term
-    assert total is not None
-    return total
+    index = base + corner_index[0] * image.row_stride + corner_index[1] * groups
+    (wy0, wy1), (wx0, wx1) = weights
+    if scale is not None:
+        wy0, wy1 = wy0 * scale, wy1 * scale
+    # (1, 4) weights per sample, in the quad's corner order
+    tap_weights = [b.Unsqueeze(wy * wx, [-1], hint=f"{hint}_w") for wy in (wy0, wy1)
+                   for wx in (wx0, wx1)]
+    weight = b.Concat(*tap_weights, axis=-1, hint=f"{hint}_weights")  # S + (4,)
+    if perm is not None:
+        index = b.Transpose(index, perm, hint=f"{hint}_index")
+        weight = b.Transpose(weight, [*perm, len(perm)], hint=f"{hint}_weights_t")
+    taps = b.Gather(image.rows, index, axis=0, hint=f"{hint}_quads")  # S' + (4 * C/g,)
+    def target(*trailing: int) -> Value:
+        return b.Concat(*sample_dims, np.asarray(trailing, np.int64), axis=0,
+                        hint=f"{hint}_shape")
+
+    taps = b.Reshape(taps, target(4, image.group_channels), hint=f"{hint}_taps")
+    weight = b.Reshape(weight, target(1, 4), hint=f"{hint}_row")
+    summed = b.MatMul(weight, taps, hint=f"{hint}_sum")  # S' + (1, C/g)
+    return b.Reshape(summed, target(image.group_channels), hint=hint)
 
 
 def positions(b: Builder, dims: Value, axis: int, dtype: np.dtype, hint: str) -> Value:

@@ -59,7 +59,7 @@ from decomposer.pattern import (
     Reject,
 )
 
-from ._sampling import bilinear_gather, bilinear_zeros_reference, positions, zero_bordered_rows
+from ._sampling import bilinear_sample, bilinear_zeros_reference, positions, quad_rows
 
 FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -378,7 +378,7 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
         mask = b.Sigmoid(b.Slice(offset, [2 * og * taps], [3 * og * taps], [1],
                                  hint="mask_logits"), hint="mask_sigmoid")
         offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
-    image = zero_bordered_rows(b, x, channels, og, dtype)
+    image = quad_rows(b, x, channels, og, dtype)
 
     # Sample points: (N, OG, K, Ho, Wo); every shape is the offset's own dims or a constant
     # (TVM cannot broadcast Ho*Wo computed two ways against each other), and the point
@@ -412,14 +412,17 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
 
     # Row of pixel (-1, -1) of each sample's image and offset group: (N, OG, 1, 1, 1).
     image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
-    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") * image.padded_plane \
+    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") * image.image_stride \
         + np.arange(og, dtype=np.int64).reshape(1, og, 1, 1, 1)
     # Group 1: taps gathered in (N, Ho, Wo, OG, K) order, columns (N, Ho, Wo, OG*K*C/OG)
     # and the weight's rows permuted to match (weight-sized work, folded when W is
     # constant). Groups: (N, Ho, Wo, K, OG), columns k-major, split per group below.
     per_group = channels // group
     perm = [0, 3, 4, 1, 2] if group == 1 else [0, 3, 4, 2, 1]
-    cols = bilinear_gather(b, image, y, x_coord, base, scale, hint="tap", perm=perm)
+    sample_dims: list[Value | np.ndarray] = [
+        batch, out_sizes, np.asarray([og, taps] if group == 1 else [taps, og])]
+    cols = bilinear_sample(b, image, y, x_coord, base, scale, sample_dims, hint="tap",
+                           perm=perm)
 
     weight = computed(node.tensor("weight"), "weight")
     out_channels = b.Shape(weight, 0, 1, hint="out_channels")
