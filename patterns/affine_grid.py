@@ -136,9 +136,14 @@ class AffineGrid(Pattern):
             n = b.Gather(size, axis, hint=f"{label}_n")
             steps = b.Cast(b.Range(1 - n, n, 2, hint=f"{label}_steps"), compute_type,
                            hint=f"{label}_steps_f")
-            den = b.Cast(n, compute_type, hint=f"{label}_n_f")
             if facts.align_corners:  # Max on floats: integer Max needs opset 12
-                den = b.Max(den - 1, 1, hint=f"{label}_den")
+                # n as a (1,) tensor: TVM's importer reads a 0-d size gathered from a Shape
+                # as a PrimValue, which its Max cannot take
+                n_1 = b.Gather(size, [axis], hint=f"{label}_n_1")
+                den = b.Max(b.Cast(n_1, compute_type, hint=f"{label}_n_f") - 1, 1,
+                            hint=f"{label}_den")
+            else:
+                den = b.Cast(n, compute_type, hint=f"{label}_n_f")
             return b.Div(steps, den, hint=label)
 
         def spread(v: Value, axis: int, label: str) -> Value:

@@ -118,7 +118,8 @@ def expected_ops(k: int, align: int, dtype=np.float32, size_fed: bool = True,
             # z * R_z + (y * R_y + R_c): one broadcast Add writes (N, D, H, W, 3).
             ops.update({"Expand": 1, "Unsqueeze": 2, "Mul": 2, "Add": 2})
     if align:
-        ops.update({"Sub": k, "Max": k})
+        # max(n - 1, 1) on n gathered again as a (1,) tensor (TVM's Max takes no 0-d size)
+        ops.update({"Sub": k, "Max": k, "Gather": k})
     if dtype == np.float16:
         ops.update({"Cast": 2})  # theta to float32, grid back to float16
     return ops

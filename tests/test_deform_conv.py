@@ -412,3 +412,66 @@ def portability_cases():
                       "expected": [[torch_deform_conv(c).astype(np.float32)]
                                    for c in [conv, *conv.more]], "atol": 1e-4})
     return cases
+
+
+# -- torchvision's export spelling, reproduced ------------------------------------------------
+
+_TORCHVISION_SCHEMA = (
+    "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+    "int stride_h, int stride_w, int pad_h, int pad_w, int dilation_h, int dilation_w, "
+    "int groups, int offset_groups, bool use_mask) -> Tensor")
+_libraries = []  # keeps the stand-in library alive for the session
+
+
+def _torchvision_op():
+    """``torch.ops.torchvision.deform_conv2d``: torchvision's own when it loads, else a
+    stand-in with torchvision's schema (torchvision's native ops cannot load next to the
+    CPU torch pinned here), whose export spelling is the same."""
+    try:
+        return torch.ops.torchvision.deform_conv2d
+    except (AttributeError, RuntimeError):
+        pass
+    library = torch.library.Library("torchvision", "DEF")
+    library.define(_TORCHVISION_SCHEMA)
+
+    def shape_only(x, weight, offset, *_):
+        return x.new_zeros((x.shape[0], weight.shape[0], *offset.shape[2:]))
+
+    library.impl("deform_conv2d", shape_only, "CPU")
+    _libraries.append(library)
+    return torch.ops.torchvision.deform_conv2d
+
+
+def test_torchvision_fallthrough_export_decomposes(tmp_path):
+    import io
+
+    op = _torchvision_op()
+    conv = make_conv(np.random.default_rng(21), c=4, co=6, strides=(2, 1), dilations=(1, 2),
+                     group=2, offset_group=2, sizes=[(1, 9, 7)])
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.from_numpy(conv.weight))
+            self.bias = torch.nn.Parameter(torch.from_numpy(conv.bias))
+
+        def forward(self, x, offset, mask):
+            return op(x, self.weight, offset, mask, self.bias, *conv.strides, *conv.pads[:2],
+                      *conv.dilations, conv.group, conv.offset_group, True)
+
+    buffer = io.BytesIO()
+    dims = {"x": {0: "N", 2: "H", 3: "W"}, "offset": {0: "N", 2: "h", 3: "w"},
+            "mask": {0: "N", 2: "h", 3: "w"}}
+    torch.onnx.export(Net(), tuple(torch.from_numpy(a) for a in (conv.x, conv.offset,
+                                                                  conv.mask)),
+                      buffer, dynamo=False, opset_version=17, input_names=list(dims),
+                      dynamic_axes=dims,
+                      operator_export_type=torch.onnx.OperatorExportTypes.ONNX_FALLTHROUGH)
+    model = onnx.load_from_string(buffer.getvalue())
+    custom = [n for n in model.graph.node if n.domain == "torchvision"]
+    assert [n.op_type for n in custom] == ["deform_conv2d"] and len(custom[0].input) == 14
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {"DeformConv": 1}
+    for c in [conv, *conv.more]:
+        got = run_onnxruntime(out, {"x": c.x, "offset": c.offset, "mask": c.mask})[0]
+        np.testing.assert_allclose(got, torch_deform_conv(c), atol=1e-4, rtol=1e-4)

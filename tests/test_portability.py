@@ -219,6 +219,9 @@ def builtin_cases() -> list[PortabilityCase]:
     cases = [affine_grid_case(k, mode) for k in (2, 3) for mode in ("input", "shape",
                                                                      "constant")]
     cases.append(affine_grid_case(2, "input", align=1))
+    # The classic STN's F.affine_grid(theta, x.size(), align_corners=True): TVM's importer
+    # once refused its Max of a size read from Shape(x).
+    cases.append(affine_grid_case(2, "shape", align=1))
     cases.append(affine_grid_in_if_case())
     cases.append(seed_stn_case())
     cases.append(seed_stn_lowered_case())
