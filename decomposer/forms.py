@@ -169,7 +169,8 @@ class Const:
 
     ``kind`` is ``"int" | "bool" | "float" | "ints" | "floats"``; an absent input (``""``
     or past the node's last input) takes ``default`` (omit it to make the input required).
-    ``normalize`` and ``choices`` work as for :class:`Attr`.
+    ``normalize`` and ``choices`` work as for :class:`Attr`; ``why`` ends the message of a
+    non-constant input (why the pattern needs the value, e.g. "it sets the output's shape").
     """
 
     name: str
@@ -177,6 +178,7 @@ class Const:
     default: Any = _REQUIRED
     choices: Sequence[Any] | None = None
     normalize: Callable[[Any], Any] | None = None
+    why: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in _CONST_KINDS:
@@ -197,9 +199,10 @@ class Const:
                 return None
             return _finish(label, self.default, self.normalize, self.choices)
         if value is None:
-            raise Reject(f"{label} must be a constant scalar (an initializer or Constant)"
-                         if self.kind in ("int", "bool", "float") else
-                         f"{label} must be a constant (an initializer or Constant)")
+            what = "a constant scalar" if self.kind in ("int", "bool", "float") else \
+                "a constant"
+            raise Reject(f"{label} must be {what} (an initializer or Constant)"
+                         + (f": {self.why}" if self.why else ""))
         value = np.asarray(value)
         scalar = self.kind in ("int", "bool", "float")
         if scalar and value.size != 1:

@@ -36,14 +36,23 @@ known (to resolve negative dims and write the Transpose), and k and dims must be
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 from ._rotation import build_rotation, rotation_facts
 
@@ -66,27 +75,23 @@ class Rot90Facts(NamedTuple):
         return self.elem_type, shape
 
 
+_SHAPE = "it sets the graph's shape"
+
+
 class Rot90(Pattern[Rot90Facts]):
     op_type = "Rot90"
-    aten_operator = "rot90"
-    attributes = {
-        "k": Attr("int", default=1, doc="quarter turns from dims[0] toward dims[1], any int"),
-        "dims": Attr("ints", default=[0, 1], doc="the two axes of the rotation plane"),
-    }
+    forms = (
+        Form("Rot90", inputs=(In("x"),), attributes={
+            "k": Attr("int", default=1, doc="quarter turns from dims[0] toward dims[1], any int"),
+            "dims": Attr("ints", default=[0, 1], doc="the two axes of the rotation plane")}),
+        # torch's rot90(self, k, dims): both set the graph's shape, so both are constants
+        Form(aten="rot90", inputs=(In("x"), Const("k", "int", why=_SHAPE),
+                                   Const("dims", "ints", why=_SHAPE))),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Rot90Facts:
-        if len(node.outputs) != 1:
-            raise Reject(f"expected 1 output, got {len(node.outputs)}")
-        if node.form == "aten":
-            if len(node.inputs) != 3 or not all(node.inputs):
-                raise Reject(f"expected 3 inputs (self, k, dims), got {len(node.inputs)}")
-            k = _constant_ints(ctx, node.inputs[1], "k", scalar=True)[0]
-            dims = _constant_ints(ctx, node.inputs[2], "dims", scalar=False)
-        else:
-            if len(node.inputs) != 1 or not node.inputs[0]:
-                raise Reject(f"expected 1 input, got {len(node.inputs)}")
-            k, dims = int(node.attrs["k"]), list(node.attrs["dims"])
-        x = node.inputs[0]
+        k, dims = int(node.args["k"]), list(node.args["dims"])
+        x = node.tensor("x")
         shape = ctx.shape(x)
         if shape is None:
             raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
@@ -114,7 +119,7 @@ class Rot90(Pattern[Rot90Facts]):
         return Rot90Facts(turns, (first, second), tuple(shape), ctx.elem_type(x), last_two)
 
     def build(self, b: Builder, node: MatchedNode, facts: Rot90Facts) -> None:
-        x, out = b.input(node.inputs[0]), node.outputs[0]
+        x, out = b.input(node.tensor("x")), node.outputs[0]
         if facts.last_two is not None:
             build_rotation(b, x, out, facts.last_two)
             return
@@ -152,14 +157,10 @@ class Rot90(Pattern[Rot90Facts]):
                      ) -> list[OutputType]:
         return [facts.output_type()]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        if len(inputs) == 3:  # the ATen form: (self, k, dims)
-            k = int(np.asarray(inputs[1]).reshape(()))
-            dims = [int(d) for d in np.asarray(inputs[2]).reshape(-1)]
-        else:
-            k = int(attrs.get("k", 1))
-            dims = [int(d) for d in attrs.get("dims", [0, 1])]
-        x = inputs[0]
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, k, dims = tensors["x"], int(args["k"]), list(args["dims"])
+        assert x is not None
         return [np.ascontiguousarray(np.rot90(x, k, axes=(dims[0] % x.ndim,
                                                           dims[1] % x.ndim)))]
 
@@ -173,17 +174,6 @@ def _flip(b: Builder, x: Value, axis: int, hint: str, out: str | None = None) ->
     n = b.Gather(b.Shape(x, hint=f"{hint}_shape"), axis, hint=f"{hint}_n")
     reversed_index = (n - 1) - b.Range(0, n, 1, hint=f"{hint}_positions")
     return b.Gather(x, reversed_index, axis=axis, hint=hint, out=out)
-
-
-def _constant_ints(ctx: MatchContext, name: str, label: str, *, scalar: bool
-                   ) -> Sequence[int]:
-    value = ctx.constant(name)
-    if value is None:
-        raise Reject(f"{label} (input '{name}') must be a constant; it sets the graph's shape")
-    if not np.issubdtype(value.dtype, np.integer) or (scalar and value.size != 1):
-        raise Reject(f"{label} must be {'one integer' if scalar else 'integers'}, got "
-                     f"{value.dtype} of shape {value.shape}")
-    return [int(v) for v in value.reshape(-1)]
 
 
 PATTERNS = [Rot90()]
