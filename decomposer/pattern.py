@@ -161,6 +161,13 @@ class Pattern(Generic[FactsT]):
             spellings.append(Form(aten=self.aten_operator, outputs=_UNCHECKED_OUTPUTS))
         return spellings
 
+    def spelling(self, name: str) -> Form:
+        """The spelling with op_type or ATen name ``name`` (KeyError if none)."""
+        for form in self.spellings():
+            if name in form.op_types or form.aten == name:
+                return form
+        raise KeyError(f"pattern {self.name} has no spelling {name!r}")
+
     def native_form(self) -> Form:
         """The first spelling with op_types (what the test kit builds nodes of)."""
         return next(f for f in self.spellings() if f.op_types)

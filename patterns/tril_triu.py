@@ -48,7 +48,16 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 # Element types ONNX Runtime's Where kernel has (checked on ORT 1.32): no bool, int16,
 # uint16, uint64 or bfloat16; those get the detours described in the module docstring.
@@ -75,19 +84,15 @@ class TriFacts(NamedTuple):
 
 
 class _TriangleBase(Pattern):
-    """Shared check/build/reference of the tril, triu and Trilu spellings."""
-
-    def triangle_args(self, node: MatchedNode) -> tuple[bool, str | None, int | None]:
-        """(upper, diagonal input name or None, constant diagonal from attributes)."""
-        raise NotImplementedError
+    """Shared check/build/compute of the tril, triu and Trilu spellings. Arguments: ``upper``
+    (bool) and ``diagonal`` (an int, from an attribute), or the tensor ``k`` (the diagonal
+    at run time or as a constant input; absent: the ``diagonal`` argument, default 0)."""
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> TriFacts:
-        if len(node.outputs) != 1:
-            raise Reject(f"expected 1 output, got {len(node.outputs)}")
-        if not node.inputs or not node.inputs[0]:
-            raise Reject("the input tensor is missing")
-        upper, diagonal_name, diagonal = self.triangle_args(node)
-        x = node.inputs[0]
+        upper = bool(node.args["upper"])
+        diagonal_name: str | None = node.tensor("k") or None
+        diagonal = None if diagonal_name else int(node.args.get("diagonal", 0))
+        x = node.tensor("x")
         shape = ctx.shape(x)
         if shape is not None and len(shape) < 2:
             raise Reject(f"input '{x}' has rank {len(shape)}; tril/triu need rank >= 2")
@@ -126,7 +131,7 @@ class _TriangleBase(Pattern):
                         None if shape is None else tuple(shape))
 
     def build(self, b: Builder, node: MatchedNode, facts: TriFacts) -> None:
-        x = b.input(node.inputs[0], facts.elem_type)
+        x = b.input(node.tensor("x"), facts.elem_type)
         out = node.outputs[0]
         diagonal: Value | int
         if facts.diagonal_input is not None:
@@ -150,8 +155,13 @@ class _TriangleBase(Pattern):
                      ) -> list[OutputType]:
         return [(facts.elem_type, facts.shape)]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        raise NotImplementedError
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, k = tensors["x"], tensors.get("k")
+        assert x is not None
+        diagonal = int(np.asarray(k).reshape(())) if k is not None \
+            else int(args.get("diagonal", 0))
+        return [triangle_reference(x, diagonal, bool(args["upper"]))]
 
 
 def _drop_mask(b: Builder, x: Value, diagonal: Value | int, facts: TriFacts) -> Value:
@@ -214,55 +224,36 @@ def triangle_reference(x: np.ndarray, diagonal: int, upper: bool) -> np.ndarray:
     return np.where(keep_lower, x, np.zeros((), x.dtype)).astype(x.dtype)
 
 
-class _TorchTriangle(_TriangleBase):
-    """``Tril``/``Triu(x; diagonal)`` natively, ``tril``/``triu(x, diagonal)`` from torch."""
-
-    upper: bool = False
-    attributes = {"diagonal": Attr("int", default=0, doc="0 = main diagonal, > 0 above it")}
-
-    def triangle_args(self, node: MatchedNode) -> tuple[bool, str | None, int | None]:
-        if node.form == "aten":
-            if len(node.inputs) != 2 or not node.inputs[1]:
-                raise Reject(f"expected 2 inputs (self, diagonal), got {len(node.inputs)}")
-            return self.upper, node.inputs[1], None
-        if len(node.inputs) != 1:
-            raise Reject(f"expected 1 input, got {len(node.inputs)}")
-        return self.upper, None, int(node.attrs["diagonal"])
-
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        diagonal = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 \
-            else int(attrs.get("diagonal", 0))
-        return [triangle_reference(inputs[0], diagonal, self.upper)]
+def _triangle(upper: bool) -> Any:
+    """The torch spellings name the triangle by op: ``upper`` is fixed."""
+    return lambda args: {**args, "upper": upper}
 
 
-class Tril(_TorchTriangle):
+def _torch_forms(op_type: str, aten: str, upper: bool) -> tuple[Form, Form]:
+    """``Tril``/``Triu(x; diagonal)`` natively, ``tril``/``triu(x, diagonal)`` from torch
+    (the diagonal a constant or a run-time integer scalar)."""
+    return (Form(op_type, inputs=(In("x"),), convert=_triangle(upper), attributes={
+                "diagonal": Attr("int", default=0, doc="0 = main diagonal, > 0 above it")}),
+            Form(aten=aten, inputs=(In("x"), In("k")), convert=_triangle(upper)))
+
+
+class Tril(_TriangleBase):
     op_type = "Tril"
-    aten_operator = "tril"
-    upper = False
+    forms = _torch_forms("Tril", "tril", upper=False)
 
 
-class Triu(_TorchTriangle):
+class Triu(_TriangleBase):
     op_type = "Triu"
-    aten_operator = "triu"
-    upper = True
+    forms = _torch_forms("Triu", "triu", upper=True)
 
 
 class Trilu(_TriangleBase):
     """ONNX's own spelling, for custom domains and for the default domain below opset 14."""
 
     op_type = "Trilu"
-    attributes = {"upper": Attr("int", default=1, choices=(0, 1),
-                                doc="1 keeps the upper triangle (triu), 0 the lower (tril)")}
-
-    def triangle_args(self, node: MatchedNode) -> tuple[bool, str | None, int | None]:
-        if not 1 <= len(node.inputs) <= 2:
-            raise Reject(f"expected 1 or 2 inputs (x, [k]), got {len(node.inputs)}")
-        k = node.inputs[1] if len(node.inputs) == 2 and node.inputs[1] else None
-        return bool(node.attrs["upper"]), k, None if k else 0
-
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        k = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 else 0
-        return [triangle_reference(inputs[0], k, bool(attrs.get("upper", 1)))]
+    forms = (Form("Trilu", inputs=(In("x"), In("k", optional=True)), attributes={
+        "upper": Attr("int", default=1, choices=(0, 1),
+                      doc="1 keeps the upper triangle (triu), 0 the lower (tril)")}),)
 
 
 PATTERNS = [Tril(), Triu(), Trilu()]
