@@ -55,7 +55,17 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 MAX_RANK = 64
 DYNAMIC_SCAN_BITS = 31  # a scan over a dynamic length gets the steps of length 2**31
@@ -83,30 +93,13 @@ class CumFacts(NamedTuple):
 
 
 class _CumExtreme(Pattern):
-    """Shared check/build/reference of the cummax and cummin spellings."""
+    """Shared check/build/compute of the cummax and cummin spellings (argument ``dim``)."""
 
     largest: bool = True  # cummax; False for cummin
-    num_outputs = 2
-    attributes = {"dim": Attr("int", doc="the axis to scan, negative counts from the end")}
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> CumFacts:
-        if len(node.outputs) != 2:
-            raise Reject(f"expected 2 outputs (values, indices), got {len(node.outputs)}")
-        if node.form == "aten":
-            if len(node.inputs) != 2 or not all(node.inputs):
-                raise Reject(f"expected 2 inputs (self, dim), got {len(node.inputs)}")
-            value = ctx.constant(node.inputs[1])
-            if value is None:
-                raise Reject(f"dim (input '{node.inputs[1]}') must be a constant")
-            if value.size != 1 or not np.issubdtype(value.dtype, np.integer):
-                raise Reject(f"dim must be one integer, got {value.dtype} of shape "
-                             f"{value.shape}")
-            dim = int(value.reshape(()))
-        else:
-            if len(node.inputs) != 1 or not node.inputs[0]:
-                raise Reject(f"expected 1 input, got {len(node.inputs)}")
-            dim = int(node.attrs["dim"])
-        x = node.inputs[0]
+        dim = int(node.args["dim"])
+        x = node.tensor("x")
         shape = ctx.shape(x)
         if shape is None:
             raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
@@ -133,7 +126,7 @@ class _CumExtreme(Pattern):
         return CumFacts(axis, rank, length, elem_type, tuple(shape))
 
     def build(self, b: Builder, node: MatchedNode, facts: CumFacts) -> None:
-        x = b.input(node.inputs[0], facts.elem_type)
+        x = b.input(node.tensor("x"), facts.elem_type)
         values_out, indices_out = node.outputs
         if facts.length is not None and facts.length <= 1:  # x itself, index 0
             if values_out:
@@ -214,9 +207,11 @@ class _CumExtreme(Pattern):
                      ) -> list[OutputType]:
         return [(facts.elem_type, facts.shape), (TensorProto.INT64, facts.shape)]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        dim = int(np.asarray(inputs[1]).reshape(())) if len(inputs) > 1 else int(attrs["dim"])
-        return list(cumulative_extreme_reference(inputs[0], dim, self.largest))
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x = tensors["x"]
+        assert x is not None
+        return list(cumulative_extreme_reference(x, int(args["dim"]), self.largest))
 
 
 def _beyond(key_type: Any, largest: bool) -> Any:
@@ -351,15 +346,24 @@ def cumulative_extreme_reference(x: np.ndarray, dim: int, largest: bool
     return np.moveaxis(values, -1, dim), np.moveaxis(indices, -1, dim)
 
 
+def _cumulative_forms(op_type: str, aten: str) -> tuple[Form, Form]:
+    """``CumMax``/``CumMin(x; dim)`` natively; torch's ``cummax``/``cummin(self, dim)``.
+    Two outputs: values and int64 indices."""
+    return (Form(op_type, inputs=(In("x"),), outputs=2, attributes={
+                "dim": Attr("int", doc="the axis to scan, negative counts from the end")}),
+            Form(aten=aten, inputs=(In("x"), Const("dim", "int", why="it picks the axis")),
+                 outputs=2))
+
+
 class CumMax(_CumExtreme):
     op_type = "CumMax"
-    aten_operator = "cummax"
+    forms = _cumulative_forms("CumMax", "cummax")
     largest = True
 
 
 class CumMin(_CumExtreme):
     op_type = "CumMin"
-    aten_operator = "cummin"
+    forms = _cumulative_forms("CumMin", "cummin")
     largest = False
 
 
