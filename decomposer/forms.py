@@ -305,9 +305,8 @@ class Form:
         if not fewest <= count <= most:
             want = str(fewest) if fewest == most else f"{fewest} to {most}"
             raise Reject(f"expected {want} output(s), got {count}")
-        for position in range(fewest):
-            if not node.output[position]:
-                raise Reject(f"output {position + 1} is required but has no name")
+        if count and not any(node.output):
+            raise Reject("no output is named (the node computes nothing used)")
         if self.inputs is not None:
             self._check_input_count(list(node.input))
         return {spec.arg or name: spec.parse(name, given.get(name))

@@ -67,7 +67,15 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 CLOSED_FORM_MAX_N = 4
 MAX_N = 32  # the elimination is unrolled: about 15 nodes per column
@@ -663,24 +671,17 @@ def lu_info_reference(a: np.ndarray) -> np.ndarray:
 
 
 class _InversePattern(Pattern[MatrixFacts]):
-    """Shared check/build/reference: ``A^-1`` of input 0; ``with_info`` adds info."""
+    """Shared check/build/compute: ``A^-1`` of tensor ``A``; ``with_info`` adds info."""
 
     with_info = False
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> MatrixFacts:
-        expected = (1, 2) if self.with_info and node.form == "aten" else (1,)
-        if len(node.inputs) not in expected or not node.inputs[0]:
-            raise Reject(f"expected {' or '.join(map(str, expected))} input(s), got "
-                         f"{len(node.inputs)}")
-        outputs = 2 if self.with_info else 1
-        if not 1 <= len(node.outputs) <= outputs or not any(node.outputs):
-            raise Reject(f"expected {outputs} output(s), got {len(node.outputs)}")
-        return matrix_facts(node.inputs[0], ctx)
+        return matrix_facts(node.tensor("A"), ctx)
 
     def build(self, b: Builder, node: MatchedNode, facts: MatrixFacts) -> None:
         outputs = node.outputs
         info_out = outputs[1] if self.with_info and len(outputs) > 1 and outputs[1] else None
-        build_inverse(b, node.inputs[0], facts, out=outputs[0] or None, info_out=info_out)
+        build_inverse(b, node.tensor("A"), facts, out=outputs[0] or None, info_out=info_out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: MatrixFacts
                      ) -> list[OutputType]:
@@ -689,33 +690,35 @@ class _InversePattern(Pattern[MatrixFacts]):
             types.append((TensorProto.INT32, facts.shape[:-2]))
         return types
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        a = np.asarray(inputs[0])
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        a = np.asarray(tensors["A"])
         if self.with_info:
             return [inverse_reference(a), lu_info_reference(a)]
         return [inverse_reference(a)]
 
 
 class Inverse(_InversePattern):
+    """``Inverse(A)`` in any domain; torch's ``linalg_inv(A)`` (torch.linalg.inv)."""
+
     op_type = "Inverse"
-    aten_operator = "linalg_inv"
+    forms = (Form("Inverse", inputs=(In("A"),)), Form(aten="linalg_inv", inputs=(In("A"),)))
 
 
 class AtenInverse(_InversePattern):
     """``torch.inverse`` as TorchScript spells it; ATen forms only."""
 
     op_type = "inverse"
-    domains = frozenset()
-    aten_operator = "inverse"
+    forms = (Form(aten="inverse", inputs=(In("A"),)),)
 
 
 class LinalgInvEx(_InversePattern):
-    """``torch.linalg.inv_ex(A, check_errors) -> (inverse, info)``; ATen forms only."""
+    """``torch.linalg.inv_ex(A, check_errors) -> (inverse, info)``; ATen forms only (either
+    output may be unused; check_errors is ignored: nothing is raised in a graph)."""
 
     op_type = "linalg_inv_ex"
-    domains = frozenset()
-    aten_operator = "linalg_inv_ex"
-    num_outputs = 2
+    forms = (Form(aten="linalg_inv_ex", inputs=(In("A"), In("check_errors", optional=True)),
+                  outputs=(1, 2)),)
     with_info = True
 
 

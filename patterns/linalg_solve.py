@@ -48,7 +48,17 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 from .linalg_inv import (
     MatrixFacts,
@@ -71,17 +81,6 @@ class SolveFacts(NamedTuple):
     vector: bool  # B is a (batch of) vector(s)
     batch_last: bool  # A and B have the same batch dims and the product is small
     columns: int | None = None  # B's static k (left=1) or its rows (left=0); 1 for vectors
-
-
-def _constant_flag(node: MatchedNode, index: int, ctx: MatchContext, name: str,
-                   default: bool) -> bool:
-    """A bool argument of the ATen form: absent -> default; must be a constant scalar."""
-    if len(node.inputs) <= index or not node.inputs[index]:
-        return default
-    value = ctx.constant(node.inputs[index])
-    if value is None or value.size != 1:
-        raise Reject(f"{name} (input {index + 1}) must be a constant scalar")
-    return bool(value.reshape(()).item())
 
 
 def _is_vector_rhs(a_shape: tuple, b_shape: tuple) -> bool:
@@ -110,20 +109,9 @@ class _SolvePattern(Pattern[SolveFacts]):
 
     with_info = False
 
-    def _left(self, node: MatchedNode, ctx: MatchContext) -> bool:
-        if node.form == "aten":
-            return _constant_flag(node, 2, ctx, "left", True)
-        return bool(node.attrs["left"])
-
     def check(self, node: MatchedNode, ctx: MatchContext) -> SolveFacts:
-        most = (4 if self.with_info else 3) if node.form == "aten" else 2
-        if not 2 <= len(node.inputs) <= most or not all(node.inputs[:2]):
-            raise Reject(f"expected 2 to {most} inputs (A, B, ...), got {len(node.inputs)}")
-        outputs = 2 if self.with_info else 1
-        if not 1 <= len(node.outputs) <= outputs or not any(node.outputs):
-            raise Reject(f"expected {outputs} output(s), got {len(node.outputs)}")
-        left = self._left(node, ctx)
-        a, b = node.inputs[0], node.inputs[1]
+        left = bool(node.args["left"])
+        a, b = node.tensor("A"), node.tensor("B")
         matrix = matrix_facts(a, ctx)
         b_type = ctx.elem_type(b)
         if b_type != matrix.elem_type:
@@ -159,9 +147,9 @@ class _SolvePattern(Pattern[SolveFacts]):
     def build(self, b: Builder, node: MatchedNode, facts: SolveFacts) -> None:
         outputs = node.outputs
         info_out = outputs[1] if self.with_info and len(outputs) > 1 and outputs[1] else None
-        inverse = build_inverse(b, node.inputs[0], facts.matrix, info_out=info_out,
+        inverse = build_inverse(b, node.tensor("A"), facts.matrix, info_out=info_out,
                                 batch_last=facts.batch_last)
-        rhs = b.input(node.inputs[1], facts.matrix.dtype)
+        rhs = b.input(node.tensor("B"), facts.matrix.dtype)
         out = outputs[0] or None
         if facts.batch_last:
             _product_batch_last(b, inverse, rhs, facts, out)
@@ -180,12 +168,10 @@ class _SolvePattern(Pattern[SolveFacts]):
             types.append((TensorProto.INT32, facts.matrix.shape[:-2]))
         return types
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        a, rhs = np.asarray(inputs[0]), np.asarray(inputs[1])
-        if len(inputs) > 2 and inputs[2] is not None:  # the ATen forms: left is input 3
-            left = bool(np.asarray(inputs[2]).reshape(()).item())
-        else:
-            left = bool(attrs.get("left", 1))
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        a, rhs = np.asarray(tensors["A"]), np.asarray(tensors["B"])
+        left = bool(args["left"])
         result = [solve_reference(a, rhs, left)]
         if self.with_info:
             result.append(lu_info_reference(a))
@@ -259,20 +245,26 @@ def solve_reference(a: np.ndarray, rhs: np.ndarray, left: bool = True) -> np.nda
     return x.astype(a.dtype)
 
 
+_LEFT = Const("left", "bool", default=True, why="it picks the side A multiplies")
+
+
 class Solve(_SolvePattern):
+    """``Solve(A, B; left)`` in any domain; torch's ``linalg_solve(A, B, left)``."""
+
     op_type = "Solve"
-    aten_operator = "linalg_solve"
-    attributes = {"left": Attr("int", default=1, choices=(0, 1),
-                               doc="1: solve A X = B; 0: solve X A = B")}
+    forms = (Form("Solve", inputs=(In("A"), In("B")), attributes={
+                 "left": Attr("int", default=1, choices=(0, 1),
+                              doc="1: solve A X = B; 0: solve X A = B")}),
+             Form(aten="linalg_solve", inputs=(In("A"), In("B"), _LEFT)))
 
 
 class LinalgSolveEx(_SolvePattern):
-    """``torch.linalg.solve_ex(A, B, left, check_errors) -> (result, info)``; ATen only."""
+    """``torch.linalg.solve_ex(A, B, left, check_errors) -> (result, info)``; ATen only
+    (either output may be unused; check_errors is ignored)."""
 
     op_type = "linalg_solve_ex"
-    domains = frozenset()
-    aten_operator = "linalg_solve_ex"
-    num_outputs = 2
+    forms = (Form(aten="linalg_solve_ex", outputs=(1, 2), inputs=(
+        In("A"), In("B"), _LEFT, In("check_errors", optional=True))),)
     with_info = True
 
 
