@@ -50,13 +50,21 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT,
                 TensorProto.DOUBLE)
 _NARROW_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-# ATen argument positions after (query, key, value).
-_MASK, _DROPOUT, _CAUSAL, _SCALE, _GQA = 3, 4, 5, 6, 7
 
 
 class AttentionFacts(NamedTuple):
@@ -74,18 +82,6 @@ class AttentionFacts(NamedTuple):
     @property
     def compute_type(self) -> int:
         return TensorProto.FLOAT if self.elem_type in _NARROW_TYPES else self.elem_type
-
-
-def _constant_scalar(node: MatchedNode, index: int, ctx: MatchContext, name: str) -> Any:
-    """A scalar argument of the ATen form (None if absent); must be a constant."""
-    if len(node.inputs) <= index or not node.inputs[index]:
-        return None
-    value = ctx.constant(node.inputs[index])
-    if value is None or value.size != 1:
-        raise Reject(f"{name} (input {index + 1}) must be a constant scalar")
-    if value.dtype.kind not in "biuf":
-        raise Reject(f"{name} (input {index + 1}) must be a number, got {value.dtype}")
-    return value.reshape(()).item()
 
 
 def _check_static_dims(q_shape: Sequence[int | str | None],
@@ -110,44 +106,35 @@ def _type_name(elem_type: int | None) -> str:
     return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
 
 
-class ScaledDotProductAttention(Pattern[AttentionFacts]):
-    op_type = "ScaledDotProductAttention"
-    aten_operator = "scaled_dot_product_attention"
-    attributes = {
-        "is_causal": Attr("int", default=0, choices=(0, 1), doc="1: mask j > i"),
-        "scale": Attr("float", default=None, doc="absent: 1/sqrt(E)"),
-        "dropout_p": Attr("float", default=0.0, doc="must be 0 (inference)"),
-        "enable_gqa": Attr("int", default=0, choices=(0, 1),
-                           doc="1: repeat key/value heads to the query's"),
-    }
+_QKV_MASK = (In("query"), In("key"), In("value"), In("attn_mask", optional=True))
 
-    def _arguments(self, node: MatchedNode, ctx: MatchContext
-                   ) -> tuple[str | None, float, bool, float | None, bool]:
-        """(mask, dropout_p, is_causal, scale, enable_gqa) from either form."""
-        if node.form == "aten":
-            if not 3 <= len(node.inputs) <= 8:
-                raise Reject(f"expected 3 to 8 inputs, got {len(node.inputs)}")
-            mask = node.inputs[_MASK] if len(node.inputs) > _MASK else ""
-            dropout = _constant_scalar(node, _DROPOUT, ctx, "dropout_p")
-            causal = _constant_scalar(node, _CAUSAL, ctx, "is_causal")
-            scale = _constant_scalar(node, _SCALE, ctx, "scale")
-            gqa = _constant_scalar(node, _GQA, ctx, "enable_gqa")
-            return (mask or None, float(dropout or 0.0), bool(causal),
-                    None if scale is None else float(scale), bool(gqa))
-        if not 3 <= len(node.inputs) <= 4:
-            raise Reject(f"expected 3 or 4 inputs (query, key, value[, attn_mask]), got "
-                         f"{len(node.inputs)}")
-        mask = node.inputs[3] if len(node.inputs) > 3 else ""
-        attrs = node.attrs
-        return (mask or None, float(attrs["dropout_p"]), bool(attrs["is_causal"]),
-                attrs["scale"], bool(attrs["enable_gqa"]))
+
+class ScaledDotProductAttention(Pattern[AttentionFacts]):
+    """Arguments: ``dropout_p`` (float), ``is_causal`` and ``enable_gqa`` (bool), ``scale``
+    (float or None: 1/sqrt(E))."""
+
+    op_type = "ScaledDotProductAttention"
+    forms = (
+        Form("ScaledDotProductAttention", inputs=_QKV_MASK, attributes={
+            "is_causal": Attr("int", default=0, choices=(0, 1), doc="1: mask j > i"),
+            "scale": Attr("float", default=None, doc="absent: 1/sqrt(E)"),
+            "dropout_p": Attr("float", default=0.0, doc="must be 0 (inference)"),
+            "enable_gqa": Attr("int", default=0, choices=(0, 1),
+                               doc="1: repeat key/value heads to the query's")}),
+        # The legacy exporter below opset 14: (query, key, value, attn_mask or "",
+        # dropout_p, is_causal, scale or "", enable_gqa); older torch has no scale/enable_gqa.
+        Form(aten="scaled_dot_product_attention", inputs=(
+            *_QKV_MASK, Const("dropout_p", "float", default=0.0),
+            Const("is_causal", "bool", default=False), Const("scale", "float", default=None),
+            Const("enable_gqa", "bool", default=False))),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> AttentionFacts:
-        if len(node.inputs) < 3 or not all(node.inputs[:3]):
-            raise Reject("query, key and value are required")
-        if len(node.outputs) != 1 or not node.outputs[0]:
-            raise Reject(f"expected 1 output, got {len(node.outputs)}")
-        mask, dropout, causal, scale, gqa = self._arguments(node, ctx)
+        args = node.args
+        mask = node.tensor("attn_mask") or None
+        dropout, causal = float(args["dropout_p"]), bool(args["is_causal"])
+        scale = None if args["scale"] is None else float(args["scale"])
+        gqa = bool(args["enable_gqa"])
         if dropout != 0.0:
             raise Reject(f"dropout_p = {dropout}: only inference (dropout_p = 0) can be "
                          f"rewritten; dropout is random")
@@ -155,7 +142,7 @@ class ScaledDotProductAttention(Pattern[AttentionFacts]):
             raise Reject("is_causal with an attn_mask: torch rejects this combination")
         if scale is not None and not math.isfinite(scale):
             raise Reject(f"scale {scale} is not finite")
-        query, key, value = node.inputs[:3]
+        query, key, value = node.tensor("query"), node.tensor("key"), node.tensor("value")
         elem_type = ctx.elem_type(query)
         if elem_type not in _FLOAT_TYPES:
             raise Reject(f"query must be float16, bfloat16, float32 or float64, got "
@@ -191,8 +178,8 @@ class ScaledDotProductAttention(Pattern[AttentionFacts]):
         compute = facts.compute_type
         dtype = numpy_dtype(compute)
         narrow = compute != facts.elem_type
-        query, key, value = (b.input(name, numpy_dtype(facts.elem_type))
-                             for name in node.inputs[:3])
+        query, key, value = (b.input(node.tensor(name), numpy_dtype(facts.elem_type))
+                             for name in ("query", "key", "value"))
         if narrow:
             query, key, value = (b.Cast(x, compute, hint=f"{label}_f32") for x, label in
                                  ((query, "query"), (key, "key"), (value, "value")))
@@ -251,23 +238,15 @@ class ScaledDotProductAttention(Pattern[AttentionFacts]):
         rank = max(facts.q_rank, facts.k_rank)
         return [(facts.elem_type, [None] * rank)]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        query, key, value = (np.asarray(x) for x in inputs[:3])
-        mask = inputs[3] if len(inputs) > 3 and inputs[3] is not None else None
-        if len(inputs) > 4:  # the ATen forms: the arguments are inputs
-            def arg(index: int, default: Any) -> Any:
-                if len(inputs) <= index or inputs[index] is None:
-                    return default
-                return np.asarray(inputs[index]).reshape(()).item()
-            dropout, causal = arg(_DROPOUT, 0.0), arg(_CAUSAL, False)
-            scale, gqa = arg(_SCALE, None), arg(_GQA, False)
-        else:
-            dropout, causal = attrs.get("dropout_p", 0.0), attrs.get("is_causal", 0)
-            scale, gqa = attrs.get("scale"), attrs.get("enable_gqa", 0)
-        if dropout:
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        query, key, value = (np.asarray(tensors[name]) for name in ("query", "key", "value"))
+        mask = tensors.get("attn_mask")
+        if args["dropout_p"]:
             raise ValueError("dropout_p must be 0")
         return [attention_reference(query, key, value, None if mask is None else
-                                    np.asarray(mask), bool(causal), scale, bool(gqa))]
+                                    np.asarray(mask), bool(args["is_causal"]), args["scale"],
+                                    bool(args["enable_gqa"]))]
 
 
 def _gqa_groups(q_shape: tuple, k_shape: tuple) -> int | None:
