@@ -159,7 +159,12 @@ _CONST_KINDS: dict[str, tuple[str, str, Callable[[np.ndarray], Any]]] = {
     "float": ("iubf", "a number", lambda a: float(a.reshape(()).item())),
     "ints": ("iub", "integers", lambda a: [int(v) for v in a.reshape(-1).tolist()]),
     "floats": ("iubf", "numbers", lambda a: [float(v) for v in a.reshape(-1).tolist()]),
+    "string": ("OSU", "a string", lambda a: _text(a.reshape(()).item())),
 }
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", errors="replace") if isinstance(value, bytes) else str(value)
 
 
 @dataclass(frozen=True)
@@ -167,7 +172,8 @@ class Const:
     """A non-tensor argument written as a constant input at this position (torch's ATen
     fallbacks and FALLTHROUGH exports pass ints, floats and bools that way).
 
-    ``kind`` is ``"int" | "bool" | "float" | "ints" | "floats"``; an absent input (``""``
+    ``kind`` is ``"int" | "bool" | "float" | "ints" | "floats" | "string"``; an absent input
+    (``""``
     or past the node's last input) takes ``default`` (omit it to make the input required).
     ``normalize`` and ``choices`` work as for :class:`Attr`; ``why`` ends the message of a
     non-constant input (why the pattern needs the value, e.g. "it sets the output's shape").
@@ -204,7 +210,7 @@ class Const:
             raise Reject(f"{label} must be {what} (an initializer or Constant)"
                          + (f": {self.why}" if self.why else ""))
         value = np.asarray(value)
-        scalar = self.kind in ("int", "bool", "float")
+        scalar = self.kind in ("int", "bool", "float", "string")
         if scalar and value.size != 1:
             raise Reject(f"{label} must be a scalar, got shape {list(value.shape)}")
         if not scalar and value.ndim > 1:

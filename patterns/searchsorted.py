@@ -62,7 +62,17 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 T = TensorProto
 _CATEGORY: dict[int, int] = {T.BOOL: 0, T.UINT8: 1, T.INT8: 1, T.INT16: 1, T.INT32: 1,
@@ -147,40 +157,38 @@ class SearchFacts(NamedTuple):
 
 
 class SearchSorted(Pattern):
+    """Arguments: ``right``, ``out_int32`` (bool), ``side`` ("", "left" or "right"),
+    ``aten_scalar`` (the ATen Scalar overload: a 0-d ``values`` is a Python number)."""
+
     op_type = "SearchSorted"
-    aten_operator = "searchsorted"
-    attributes = {
-        "right": Attr("int", default=0, choices=(0, 1), doc="1: upper bound (side='right')"),
-        "side": Attr("string", default="", choices=("", "left", "right"),
-                     doc='"left", "right" or "" (then right decides)'),
-        "out_int32": Attr("int", default=0, choices=(0, 1), doc="1: int32 indices"),
-    }
+    forms = (
+        Form("SearchSorted", inputs=(In("sequence"), In("values"), In("sorter", optional=True)),
+             attributes={
+                 "right": Attr("int", default=0, choices=(0, 1),
+                               doc="1: upper bound (side='right')"),
+                 "side": Attr("string", default="", choices=("", "left", "right"),
+                              doc='"left", "right" or "" (then right decides)'),
+                 "out_int32": Attr("int", default=0, choices=(0, 1), doc="1: int32 indices")}),
+        # searchsorted(sorted_sequence, self, out_int32, right, side, sorter): both overloads
+        Form(aten="searchsorted", convert=lambda args: {**args, "aten_scalar": True}, inputs=(
+            In("sequence"), In("values"), Const("out_int32", "bool", default=False),
+            Const("right", "bool", default=False),
+            Const("side", "string", default="", choices=("", "left", "right"), why=(
+                "torch's legacy exporter writes side= as a Constant with a string attribute, "
+                "which is not valid ONNX: pass right=True instead of side='right' when "
+                "exporting")),
+            In("sorter", optional=True))),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> SearchFacts:
-        if len(node.outputs) != 1:
-            raise Reject(f"expected 1 output, got {len(node.outputs)}")
-        inputs = node.inputs
-        if node.form == "aten":
-            if len(inputs) != 6 or not inputs[0] or not inputs[1]:
-                raise Reject("expected 6 inputs (sorted_sequence, self, out_int32, right, "
-                             f"side, sorter), got {len(inputs)}")
-            out_int32 = _constant_flag(ctx, inputs[2], "out_int32")
-            right = _constant_flag(ctx, inputs[3], "right")
-            side = _constant_side(ctx, inputs[4]) if inputs[4] else ""
-            sorter = inputs[5] or None
-        else:
-            if not 2 <= len(inputs) <= 3 or not inputs[0] or not inputs[1]:
-                raise Reject(f"expected 2 or 3 inputs (sorted_sequence, values, [sorter]), "
-                             f"got {len(inputs)}")
-            out_int32 = bool(node.attrs["out_int32"])
-            right = bool(node.attrs["right"])
-            side = node.attrs["side"]
-            sorter = inputs[2] if len(inputs) == 3 and inputs[2] else None
+        args = node.args
+        out_int32, right, side = bool(args["out_int32"]), bool(args["right"]), args["side"]
+        sorter = node.tensor("sorter") or None
         if side == "left" and right:
             raise Reject("side 'left' and right=True contradict each other (torch raises)")
         right = right or side == "right"
 
-        sequence, values = inputs[0], inputs[1]
+        sequence, values = node.tensor("sequence"), node.tensor("values")
         sequence_shape, values_shape = ctx.shape(sequence), ctx.shape(values)
         if sequence_shape is None or values_shape is None:
             raise Reject("the ranks of sorted_sequence and values must be known; give them "
@@ -230,8 +238,9 @@ class SearchSorted(Pattern):
                            sorter)
 
     def build(self, b: Builder, node: MatchedNode, facts: SearchFacts) -> None:
-        sequence = self._typed(b, node.inputs[0], facts.sequence_type, facts, "sequence")
-        values = self._typed(b, node.inputs[1], facts.values_type, facts, "values")
+        sequence = self._typed(b, node.tensor("sequence"), facts.sequence_type, facts,
+                               "sequence")
+        values = self._typed(b, node.tensor("values"), facts.values_type, facts, "values")
         if facts.sorter is not None:
             sorter = b.input(facts.sorter, np.int64)
             sequence = (b.Gather(sequence, sorter, axis=0, hint="sequence_sorted")
@@ -578,24 +587,13 @@ class SearchSorted(Pattern):
                      ) -> list[OutputType]:
         return [(facts.out_type, facts.values_shape)]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        sequence, values = np.asarray(inputs[0]), np.asarray(inputs[1])
-        if len(inputs) == 6:  # the ATen form
-            out_int32, right = bool(inputs[2]), bool(inputs[3])
-            side: Any = inputs[4] if inputs[4] is not None else ""
-            sorter: np.ndarray | None = inputs[5]
-            number = values.ndim == 0
-        else:
-            out_int32 = bool(attrs.get("out_int32", 0))
-            right = bool(attrs.get("right", 0))
-            side = attrs.get("side", "")
-            sorter = inputs[2] if len(inputs) > 2 else None
-            number = False
-        if isinstance(side, (bytes, np.ndarray)):
-            side = np.asarray(side).reshape(()).item()
-            side = side.decode() if isinstance(side, bytes) else str(side)
-        return [searchsorted_reference(sequence, values, right or side == "right",
-                                       out_int32, sorter, number)]
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        sequence, values = np.asarray(tensors["sequence"]), np.asarray(tensors["values"])
+        number = bool(args.get("aten_scalar")) and values.ndim == 0
+        return [searchsorted_reference(sequence, values,
+                                       bool(args["right"]) or args["side"] == "right",
+                                       bool(args["out_int32"]), tensors.get("sorter"), number)]
 
 
 def search_tree(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -681,29 +679,6 @@ def _numpy(elem_type: int) -> Any:
                              T.INT32: np.int32, T.INT64: np.int64, T.FLOAT16: np.float16,
                              T.FLOAT: np.float32, T.DOUBLE: np.float64}
     return types[elem_type]
-
-
-def _constant_flag(ctx: MatchContext, name: str, label: str) -> bool:
-    if not name:
-        return False
-    value = ctx.constant(name)
-    if value is None or value.size != 1:
-        raise Reject(f"{label} (input '{name}') must be a constant bool")
-    return bool(value.reshape(()))
-
-
-def _constant_side(ctx: MatchContext, name: str) -> str:
-    value = ctx.constant(name)
-    if value is None or value.size != 1:
-        raise Reject(f"side (input '{name}') must be a constant string 'left' or 'right'; "
-                     "torch's legacy exporter writes side= as a Constant with a string "
-                     "attribute, which is not valid ONNX: pass right=True instead of "
-                     "side='right' when exporting")
-    text = value.reshape(()).item()
-    text = text.decode("utf-8", errors="replace") if isinstance(text, bytes) else str(text)
-    if text not in ("left", "right"):
-        raise Reject(f"side must be 'left' or 'right', got {text!r}")
-    return text
 
 
 def _name(elem_type: int | None) -> str:

@@ -357,9 +357,10 @@ def test_aten_forms(form, opset):
         kwargs["side"] = options.get("side", "")
         compare(got, torch_searchsorted(seq, VALUES, **kwargs), str(options), atol=0, rtol=0)
         side = np.array(options["side"].encode(), dtype=object) if "side" in options else None
-        reference = SearchSorted().reference(seq, VALUES, np.array(options.get("out_int32", 0)),
-                                             np.array(options.get("right", 0)), side,
-                                             options.get("sorter"))[0]
+        pattern = SearchSorted()
+        reference = pattern.evaluate(pattern.spelling("searchsorted"), [
+            seq, VALUES, np.array(options.get("out_int32", 0)), np.array(options.get("right", 0)),
+            side, options.get("sorter")], {})[0]
         compare(got, reference, "reference", atol=0, rtol=0)
 
 
@@ -476,10 +477,10 @@ def _retyped(model: onnx.ModelProto, name: str, elem_type: int, dims) -> onnx.Mo
 
 
 @pytest.mark.parametrize("build, reason", [
-    (lambda: _with_fed("right"), "right (input 'right') must be a constant bool"),
-    (lambda: _with_fed("out_int32"), "out_int32 (input 'out_int32') must be a constant"),
+    (lambda: _with_fed("right"), "right (input 4) must be a constant scalar"),
+    (lambda: _with_fed("out_int32"), "out_int32 (input 3) must be a constant scalar"),
     (lambda: _bad(right=True, side="left"), "contradict each other"),
-    (lambda: _bad(side="middle"), "side must be 'left' or 'right'"),
+    (lambda: _bad(side="middle"), "side (input 5) = 'middle' is not one of ['', 'left', 'right']"),
     (lambda: _retyped(_bad(sorter=np.arange(8)), "sorter", TensorProto.INT32, ["s0"]),
      "sorter must be int64, got int32"),
     (lambda: _retyped(_bad(), "s", TensorProto.FLOAT, ["a", "b"]),
