@@ -71,7 +71,17 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import Attr, MatchContext, MatchedNode, OutputType, Pattern, Reject
+from decomposer.pattern import (
+    Attr,
+    Const,
+    Form,
+    In,
+    MatchContext,
+    MatchedNode,
+    OutputType,
+    Pattern,
+    Reject,
+)
 
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
@@ -87,23 +97,20 @@ class Facts(NamedTuple):
 
 
 class AffineGrid(Pattern):
+    """Arguments: ``align_corners`` (bool)."""
+
     op_type = "AffineGrid"
-    aten_operator = "affine_grid_generator"
-    attributes = {"align_corners": Attr("int", default=0, choices=(0, 1),
-                                        doc="1: -1 and 1 are the centers of the corner pixels")}
+    forms = (
+        Form("AffineGrid", inputs=(In("theta"), In("size")), attributes={
+            "align_corners": Attr("int", default=0, choices=(0, 1),
+                                  doc="1: -1 and 1 are the centers of the corner pixels")}),
+        Form(aten="affine_grid_generator", inputs=(In("theta"), In("size"),
+                                                   Const("align_corners", "bool"))),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
-        expected_inputs = 3 if node.form == "aten" else 2
-        if len(node.inputs) != expected_inputs or not all(node.inputs):
-            raise Reject(f"expected {expected_inputs} inputs, got {len(node.inputs)}")
-        theta, size = node.inputs[0], node.inputs[1]
-        if node.form == "aten":
-            flag = ctx.constant(node.inputs[2])
-            if flag is None or flag.size != 1:
-                raise Reject("align_corners (input 3) must be a constant scalar")
-            align = bool(flag.reshape(()).item())
-        else:
-            align = bool(node.attrs["align_corners"])
+        theta, size = node.tensor("theta"), node.tensor("size")
+        align = bool(node.args["align_corners"])
 
         theta_type = ctx.elem_type(theta)
         if theta_type is None:
@@ -124,10 +131,10 @@ class AffineGrid(Pattern):
         # ONNX Runtime has few float16 kernels: compute in float32, round once.
         compute_type = TensorProto.FLOAT if facts.theta_type == TensorProto.FLOAT16 \
             else facts.theta_type
-        theta = b.input(node.inputs[0], facts.theta_type)
+        theta = b.input(node.tensor("theta"), facts.theta_type)
         if compute_type != facts.theta_type:
             theta = b.Cast(theta, compute_type, hint="theta_f32")
-        size = b.input(node.inputs[1], facts.size_type)  # [N, C, (D,) H, W]
+        size = b.input(node.tensor("size"), facts.size_type)  # [N, C, (D,) H, W]
 
         def coords(axis: int, label: str) -> Value:
             """Normalized coordinates along size[axis], shape (n,): (1-n, 3-n, ..., n-1)/den.
@@ -255,17 +262,16 @@ class AffineGrid(Pattern):
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
-        theta_shape = ctx.shape(node.inputs[0])
+        theta_shape = ctx.shape(node.tensor("theta"))
         batch = theta_shape[0] if theta_shape else None
         k = facts.spatial_rank
         return [(facts.theta_type, [batch, *([None] * k), k])]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        theta, size = inputs[0], inputs[1]
-        # The ATen forms pass align_corners as a third (constant) input.
-        align = np.asarray(inputs[2]).reshape(()).item() if len(inputs) > 2 \
-            else attrs.get("align_corners", 0)
-        return [affine_grid_reference(theta, size, int(align))]
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        theta, size = tensors["theta"], tensors["size"]
+        assert theta is not None and size is not None
+        return [affine_grid_reference(theta, size, int(args["align_corners"]))]
 
 
 def _spatial_rank(theta: str, size: str, ctx: MatchContext) -> int:
