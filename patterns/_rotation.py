@@ -130,30 +130,28 @@ def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
 
 
 class RotationPattern(Pattern[RotationFacts]):
-    """Base of patterns computing ``torch.rot90(x, turns, dims) * scale``."""
-
-    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
-        """(quarter turns, torch dims, scale) from the node's parsed attributes."""
-        raise NotImplementedError
+    """Base of patterns computing ``torch.rot90(x, turns, dims) * scale``: their forms
+    normalize to the tensor ``x`` and the arguments ``turns`` (int), ``dims`` (the torch
+    dims, (-2, -1) or (-1, -2)) and ``scale`` (float)."""
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> RotationFacts:
-        if len(node.inputs) != 1 or not node.inputs[0]:
-            raise Reject(f"expected 1 input, got {len(node.inputs)}")
-        turns, dims, scale = self.rotation(node.attrs)
-        return rotation_facts(node.inputs[0], turns, dims, scale, ctx)
+        args = node.args
+        return rotation_facts(node.tensor("x"), int(args["turns"]), tuple(args["dims"]),
+                              float(args["scale"]), ctx)
 
     def build(self, b: Builder, node: MatchedNode, facts: RotationFacts) -> None:
-        build_rotation(b, node.inputs[0], node.outputs[0], facts)
+        build_rotation(b, node.tensor("x"), node.outputs[0], facts)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: RotationFacts
                      ) -> list[OutputType]:
         return [facts.output_type()]
 
-    def reference(self, *inputs: np.ndarray, **attrs: Any) -> list[np.ndarray]:
-        parsed = {name: spec.coerce(name, attrs.get(name))
-                  for name, spec in self.attributes.items()}
-        turns, dims, scale = self.rotation(parsed)
-        return [rot90_reference(inputs[0], turns, dims, scale)]
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x = tensors["x"]
+        assert x is not None
+        return [rot90_reference(x, int(args["turns"]), tuple(args["dims"]),
+                                float(args["scale"]))]
 
 
 def rot90_reference(x: np.ndarray, turns: int, dims: tuple[int, int], scale: float

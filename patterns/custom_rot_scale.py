@@ -24,30 +24,32 @@ when the scale is integral. The scale constant has x's dtype.
 
 from __future__ import annotations
 
-from typing import Any
-
-from decomposer.pattern import Attr
+from decomposer.pattern import Attr, Form, In, Reject
 
 from ._rotation import RotationPattern
 
 _DIMS = {"height,width": (-2, -1), "width,height": (-1, -2)}
 
 
-def _normalize_dims(value: str) -> str:
-    return "".join(value.split()).lower()
+def _dims(value: str) -> tuple[int, int]:
+    """"height,width" (any case and spacing) -> torch dims (-2, -1); "width,height" ->
+    (-1, -2)."""
+    key = "".join(value.split()).lower()
+    if key not in _DIMS:
+        raise Reject(f"{value!r} is not one of {list(_DIMS)}")
+    return _DIMS[key]
 
 
 class CustomRotScale(RotationPattern):
     op_type = "CustomRotScale"
-    attributes = {
-        "rotations": Attr("int", default=1, doc="quarter turns, any integer (mod 4)"),
-        "scale_factor": Attr("float", default=1.0, doc="multiplier applied after rotating"),
-        "dims": Attr("string", default="height,width", normalize=_normalize_dims,
-                     choices=tuple(_DIMS), doc='"height,width" or "width,height"'),
-    }
-
-    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
-        return int(attrs["rotations"]), _DIMS[attrs["dims"]], float(attrs["scale_factor"])
+    forms = (Form("CustomRotScale", inputs=(In("x"),), attributes={
+        "rotations": Attr("int", default=1, arg="turns",
+                          doc="quarter turns, any integer (mod 4)"),
+        "scale_factor": Attr("float", default=1.0, arg="scale",
+                             doc="multiplier applied after rotating"),
+        "dims": Attr("string", default="height,width", normalize=_dims,
+                     doc='"height,width" or "width,height"'),
+    }),)
 
 
 PATTERNS = [CustomRotScale()]

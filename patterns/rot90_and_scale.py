@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from decomposer.pattern import Attr
+from decomposer.pattern import Attr, Form, In
 
 from ._rotation import RotationPattern
 
@@ -37,18 +37,19 @@ def _normalize_clockwise(value: str) -> str:
     return value.strip().lower()
 
 
+def _rotation(args: dict[str, Any]) -> dict[str, Any]:
+    turns = -args["k"] if _CLOCKWISE[args["clockwise"]] else args["k"]
+    return {"turns": int(turns), "dims": (-2, -1), "scale": float(args["scale"])}
+
+
 class Rot90AndScale(RotationPattern):
     op_type = "Rot90AndScale"
-    attributes = {
+    forms = (Form("Rot90AndScale", inputs=(In("x"),), convert=_rotation, attributes={
         "k": Attr("int", default=1, doc="quarter turns, any integer (mod 4)"),
         "scale": Attr("float", default=1.0, doc="multiplier applied after the rotation"),
         "clockwise": Attr("string", default="no", normalize=_normalize_clockwise,
                           choices=tuple(_CLOCKWISE), doc='"yes" turns clockwise'),
-    }
-
-    def rotation(self, attrs: dict[str, Any]) -> tuple[int, tuple[int, int], float]:
-        turns = -attrs["k"] if _CLOCKWISE[attrs["clockwise"]] else attrs["k"]
-        return int(turns), (-2, -1), float(attrs["scale"])
+    }),)
 
 
 PATTERNS = [Rot90AndScale()]
