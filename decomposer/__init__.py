@@ -28,7 +28,7 @@ from decomposer.errors import (
     VerificationError,
 )
 from decomposer.modelio import load_model, save_model
-from decomposer.pattern import Attr, MatchedNode, Pattern, Reject
+from decomposer.pattern import Attr, Const, Form, In, MatchedNode, Pattern, Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import Report
 from decomposer.verification import VerifyReport, require_passed, verify
@@ -37,6 +37,9 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attr",
+    "Const",
+    "Form",
+    "In",
     "CheckFailedError",
     "DecomposerError",
     "EngineRunError",

@@ -64,7 +64,7 @@ def test_guide_kit_test_runs():
                              str(EXAMPLES / "test_squareplus_pattern.py")],
                             capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 passed" in result.stdout
+    assert "2 passed" in result.stdout
 
 
 CLASHING = textwrap.dedent('''
