@@ -42,6 +42,22 @@ class Scope:
         self.namespace: str = parent.namespace if parent is not None else namespace
         self.is_function: bool = parent.is_function if parent is not None else is_function
         self._constants: dict[str, onnx.TensorProto | onnx.NodeProto] | None = None
+        self._fed: frozenset[str] | None = None
+        self._outputs: frozenset[str] | None = None
+
+    def fed_names(self) -> frozenset[str]:
+        """Graph inputs with no initializer of the same name (read once: a lookup per node
+        scanning the inputs made large models quadratic)."""
+        if self._fed is None:
+            initialized = {init.name for init in self.graph.initializer}
+            self._fed = frozenset(value.name for value in self.graph.input
+                                  if value.name not in initialized)
+        return self._fed
+
+    def output_names(self) -> frozenset[str]:
+        if self._outputs is None:
+            self._outputs = frozenset(value.name for value in self.graph.output)
+        return self._outputs
 
     def child(self, graph: onnx.GraphProto, label: str) -> Scope:
         return Scope(graph, label, self)
@@ -193,15 +209,13 @@ class NodeContext:
             scope = scope.parent
         if scope.is_function:  # its inputs are call-site arguments, possibly constants
             return False
-        graph = scope.graph
-        return (any(value.name == name for value in graph.input)
-                and not any(init.name == name for init in graph.initializer))
+        return name in scope.fed_names()
 
     def is_model_output(self, name: str) -> bool:
         scope = self._scope
         if scope.parent is not None or scope.is_function:  # a subgraph's or body's own output
             return False
-        return any(value.name == name for value in scope.graph.output)
+        return name in scope.output_names()
 
     def elem_type(self, name: str) -> int | None:
         tensor = self._types.tensor_type(self._scope.namespace, name) if name else None

@@ -4,9 +4,11 @@ In: ``--rounds R`` (default 11), ``--threads T`` (default 1), ``--json FILE``.
 Out: per case (N=1, C 64 -> 64, 3x3, pads 1, mask and bias; 64x64 and 128x128 with offset
 groups 1 and 4, and a tiny 8x8), the median time of each variant over interleaved rounds,
 the median ratio to native, and each session's peak resident memory growth (run in a fresh
-subprocess per variant, so one's allocations do not hide the other's). The outputs are
-checked against each other before timing. Used for the DeformConv table of
-docs/performance.md.
+subprocess per variant, so one's allocations do not hide the other's). A third variant is a
+straightforward gather-based decomposition (``Naive`` below: per kernel tap, one GatherND
+per bilinear corner on the zero-padded NHWC input, the K taps concatenated, one MatMul),
+the baseline ours must beat. The outputs are checked against each other before timing.
+Used for the DeformConv table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decomposer  # noqa: E402
+from decomposer.builder import Builder, Value  # noqa: E402
+from decomposer.pattern import MatchedNode  # noqa: E402
+from decomposer.patterns.deform_conv import DeformConv, Facts  # noqa: E402
+from decomposer.registry import build_registry  # noqa: E402
 from decomposer.testing import ir_version_for  # noqa: E402
 
 from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
@@ -58,10 +64,65 @@ def case_model(size: int, offset_group: int, opset: int) -> tuple[onnx.ModelProt
     return model, arrays
 
 
+class Naive(DeformConv):
+    """The straightforward decomposition (group 1, float32, static sizes from the model):
+    per tap and bilinear corner, a GatherND of [n, y, x] rows of the padded NHWC input."""
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        x = b.input(node.tensor("x"), np.float32)
+        offset = b.input(node.tensor("offset"), np.float32)
+        mask = b.input(node.tensor("mask"), np.float32)
+        weight = b.input(node.tensor("weight"), np.float32)
+        taps, og = facts.kernel[0] * facts.kernel[1], facts.offset_group
+        assert og == 1 and facts.group == 1, "the naive form covers offset group 1 only"
+        shape = b.Shape(offset, hint="offset_shape")
+        n = b.Gather(shape, 0, axis=0)
+        ho, wo = b.Gather(shape, 2, axis=0), b.Gather(shape, 3, axis=0)
+        padded = b.Transpose(b.Pad(x, [0, 0, 1, 1, 0, 0, 1, 1], np.float32(0)), [0, 2, 3, 1])
+        sizes = b.Cast(b.Shape(x, 2, 4), np.float32)
+        height, width = b.Gather(sizes, [0], axis=0), b.Gather(sizes, [1], axis=0)
+        batch = b.Unsqueeze(b.Cast(b.Range(0, n, 1), np.float32), [1, 2])  # (N, 1, 1)
+        rows = b.Unsqueeze(b.Cast(b.Range(0, ho, 1), np.float32), [1])  # (Ho, 1)
+        cols = b.Unsqueeze(b.Cast(b.Range(0, wo, 1), np.float32), [0])  # (1, Wo)
+        columns: list[Value] = []
+        for k in range(taps):
+            i, j = divmod(k, facts.kernel[1])
+            dy = b.Squeeze(b.Slice(offset, [2 * k], [2 * k + 1], [1]), [1])  # (N, Ho, Wo)
+            dx = b.Squeeze(b.Slice(offset, [2 * k + 1], [2 * k + 2], [1]), [1])
+            m = b.Unsqueeze(b.Squeeze(b.Slice(mask, [k], [k + 1], [1]), [1]), [3])
+            y = b.Min(b.Max(rows * float(facts.strides[0]) - float(facts.pads[0])
+                            + float(i * facts.dilations[0]) + dy, -1.0), height)
+            xc = b.Min(b.Max(cols * float(facts.strides[1]) - float(facts.pads[1])
+                             + float(j * facts.dilations[1]) + dx, -1.0), width)
+            y0, x0 = b.Floor(y), b.Floor(xc)
+            fy, fx = y - y0, xc - x0
+            total: Value | None = None
+            for cy, wy in ((0.0, 1.0 - fy), (1.0, fy)):
+                for cx, wx in ((0.0, 1.0 - fx), (1.0, fx)):
+                    ty = b.Min(y0 + (cy + 1.0), height + 1.0)
+                    tx = b.Min(x0 + (cx + 1.0), width + 1.0)
+                    index = b.Cast(b.Concat(*(b.Unsqueeze(v + 0.0 * y, [3])
+                                              for v in (batch, ty, tx)), axis=3), np.int64)
+                    term = b.GatherND(padded, index) * b.Unsqueeze(wy * wx, [3])
+                    total = term if total is None else total + term
+            assert total is not None
+            columns.append(total * m)  # (N, Ho, Wo, C)
+        cols_all = b.Concat(*columns, axis=3)  # (N, Ho, Wo, K*C), k-major
+        w_view = b.Reshape(weight, [1, -1, facts.channels, taps])
+        w_matrix = b.Reshape(b.Transpose(w_view, [0, 3, 2, 1]), [taps * facts.channels, -1])
+        y_out = b.MatMul(cols_all, w_matrix) + b.input(node.tensor("bias"), np.float32)
+        b.Transpose(y_out, [0, 3, 1, 2], out=node.outputs[0])
+
+
 def variants(size: int, offset_group: int) -> dict[str, onnx.ModelProto]:
     native, _ = case_model(size, offset_group, 19)
     below, _ = case_model(size, offset_group, 18)
-    return {"native": native, "decomposed": decomposer.decompose(below)}
+    found = {"native": native, "decomposed": decomposer.decompose(below)}
+    if offset_group == 1:
+        naive = build_registry(entry_points=False)
+        naive.register(Naive(), source="bench", override=True)
+        found["naive"] = decomposer.decompose(below, registry=naive)
+    return found
 
 
 def peak_memory(size: int, offset_group: int, variant: str, threads: int) -> float:
@@ -88,24 +149,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"DeformConv, N=1, C {CHANNELS} -> {CHANNELS}, 3x3, ORT {args.threads} thread(s), "
           f"{args.rounds} interleaved rounds")
     print(f"{'size':>8} {'OG':>3} {'native ms':>10} {'ours ms':>9} {'ratio':>6} "
-          f"{'native MiB':>11} {'ours MiB':>9}")
+          f"{'naive ms':>9} {'ours/naive':>10} {'native MiB':>11} {'ours MiB':>9}")
     for size, offset_group in CASES:
         models = variants(size, offset_group)
         _, feeds = case_model(size, offset_group, 19)
         runners = {name: OrtRunner(model, feeds, args.threads)
                    for name, model in models.items()}
-        np.testing.assert_allclose(runners["decomposed"].result(), runners["native"].result(),
-                                   atol=1e-3, rtol=1e-3)
+        for name in runners:
+            np.testing.assert_allclose(runners[name].result(), runners["native"].result(),
+                                       atol=1e-3, rtol=1e-3, err_msg=name)
         _, times, ratios = interleaved_rounds(runners, "native", args.rounds, time_calls)
-        memory = {name: peak_memory(size, offset_group, name, args.threads) for name in models}
+        memory = {name: peak_memory(size, offset_group, name, args.threads)
+                  for name in ("native", "decomposed")}
+        naive = float(np.median(times["naive"])) * 1e3 if "naive" in times else None
+        over_naive = float(np.median(np.array(times["decomposed"]) / np.array(times["naive"]))) \
+            if "naive" in times else None
         row = {"size": size, "offset_group": offset_group, "threads": args.threads,
                "native_ms": 1e3 * float(np.median(times["native"])),
                "decomposed_ms": 1e3 * float(np.median(times["decomposed"])),
                "ratio": float(np.median(ratios["decomposed"])),
+               "naive_ms": naive, "decomposed_over_naive": over_naive,
                "native_peak_mib": memory["native"], "decomposed_peak_mib": memory["decomposed"]}
         rows.append(row)
+        naive_cells = (f"{naive:>9.2f} {over_naive:>10.2f}" if naive is not None and
+                       over_naive is not None else f"{'-':>9} {'-':>10}")
         print(f"{size:>4}x{size:<3} {offset_group:>3} {row['native_ms']:>10.2f} "
-              f"{row['decomposed_ms']:>9.2f} {row['ratio']:>6.2f} "
+              f"{row['decomposed_ms']:>9.2f} {row['ratio']:>6.2f} {naive_cells} "
               f"{row['native_peak_mib']:>11.1f} {row['decomposed_peak_mib']:>9.1f}",
               flush=True)
     if args.json:

@@ -38,6 +38,7 @@ from onnx import TensorProto, helper
 
 import decomposer
 from decomposer import engines
+from decomposer.graphs import all_graphs
 from decomposer.testing import ir_version_for
 
 TESTS = Path(__file__).resolve().parent
@@ -254,6 +255,32 @@ def all_cases() -> tuple[PortabilityCase, ...]:
     return tuple(builtin_cases() + hooked_cases())
 
 
+def _spelling_key(case: PortabilityCase) -> tuple:
+    """What a case exercises: its custom nodes' (domain, op_type)s, at any depth, and the
+    standard ops it lowers."""
+    ops = {(node.domain, node.op_type) for graph in all_graphs(case.model.graph)
+           for node in graph.node if node.domain not in ("", "ai.onnx")}
+    return (tuple(sorted(ops)), tuple(sorted(case.lower or ())))
+
+
+@functools.cache
+def representative_ids() -> frozenset[str]:
+    """The first case of each spelling: the one whose TVM runs and opset ends are in the
+    default run (TVM compiles are most of this file's time); the others' are exhaustive."""
+    first: dict[tuple, str] = {}
+    for case in all_cases():
+        first.setdefault(_spelling_key(case), case.id)
+    return frozenset(first.values())
+
+
+def _sampled(case_id: str, engine: str, *values: Any, id: str) -> Any:
+    """A pytest param of (case_id, *values), marked exhaustive for a TVM run (``engine``
+    "tvm") of a case that is not its spelling's representative."""
+    marks = [pytest.mark.exhaustive] if engine == "tvm" and \
+        case_id not in representative_ids() else []
+    return pytest.param(case_id, *values, marks=marks, id=id)
+
+
 @functools.cache
 def decomposed(case_id: str) -> onnx.ModelProto:
     case = next(c for c in all_cases() if c.id == case_id)
@@ -365,8 +392,9 @@ def run_case(case: PortabilityCase, model: onnx.ModelProto, engine: str, static:
     return worst
 
 
-@pytest.mark.parametrize("engine, static", CONFIGS, ids=[config_label(*c) for c in CONFIGS])
-@pytest.mark.parametrize("case_id", [c.id for c in all_cases()])
+@pytest.mark.parametrize("case_id, engine, static", [
+    _sampled(c.id, engine, engine, static, id=f"{c.id}-{config_label(engine, static)}")
+    for c in all_cases() for engine, static in CONFIGS])
 def test_runs_on_engine_like_torch(case_id, engine, static):
     pytest.importorskip(engines.ENGINES[engine].module)
     case = next(c for c in all_cases() if c.id == case_id)
@@ -400,10 +428,11 @@ def at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto | None:
     return moved
 
 
-@pytest.mark.parametrize("opset, engine, static", OPSET_CONFIGS,
-                         ids=[f"opset{o}-{config_label(e, s)}" for o, e, s in OPSET_CONFIGS])
-@pytest.mark.parametrize("case_id", [c.id for c in all_cases()
-                                     if at_opset(c.model, OPSET) is not None])
+@pytest.mark.parametrize("case_id, opset, engine, static", [
+    _sampled(c.id, "tvm", opset, engine, static,
+             id=f"{c.id}-opset{opset}-{config_label(engine, static)}")
+    for c in all_cases() if at_opset(c.model, OPSET) is not None
+    for opset, engine, static in OPSET_CONFIGS])
 def test_runs_on_engine_at_the_opset_ends(case_id, opset, engine, static):
     pytest.importorskip(engines.ENGINES[engine].module)
     case = next(c for c in all_cases() if c.id == case_id)

@@ -10,6 +10,7 @@ the feed errors of issue 10 (defect 6), the "ok" line wording (defect 10) and ex
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import textwrap
@@ -27,7 +28,6 @@ import decomposer.engines
 import decomposer.verification
 from decomposer.cli import main
 from decomposer.errors import EngineRunError
-from decomposer.pattern import MatchedNode
 from decomposer.patterns.affine_grid import AffineGrid
 from decomposer.testing import Case, single_node_model
 from decomposer.verification import TensorCheck, compare
@@ -54,7 +54,7 @@ class SwappedXY(AffineGrid):
         proto = onnx.NodeProto()
         proto.CopyFrom(node.proto)
         proto.output[0] = node.outputs[0] + "_unswapped"
-        super().build(b, MatchedNode(proto, node.form, node.attrs), facts)
+        super().build(b, dataclasses.replace(node, proto=proto), facts)
         b.op("Gather", proto.output[0], b.ints([1, 0], "yx"), axis=-1, out=node.outputs[0])
 
 
