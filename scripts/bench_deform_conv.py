@@ -17,6 +17,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -125,17 +126,38 @@ def variants(size: int, offset_group: int) -> dict[str, onnx.ModelProto]:
     return found
 
 
-def peak_memory(size: int, offset_group: int, variant: str, threads: int) -> float:
-    """MiB of peak RSS growth of one session's first runs, in a fresh process."""
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
-            "import resource, bench_deform_conv as b; "
-            f"m = b.variants({size}, {offset_group})[{variant!r}]; "
-            f"_, f = b.case_model({size}, {offset_group}, 19); "
-            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss; "
-            f"r = b.OrtRunner(m, f, {threads}); r(); r(); "
-            "print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+_PEAK = """
+import sys
+import numpy as np
+import onnxruntime as ort
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1])
+
+feeds = dict(np.load(sys.argv[2]))
+options = ort.SessionOptions()
+options.intra_op_num_threads = int(sys.argv[3])
+with open("/proc/self/clear_refs", "w") as reset:  # the peak so far (imports) is forgotten
+    reset.write("5")
+before = status("VmRSS:")
+session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+session.run(None, feeds)
+session.run(None, feeds)
+print((status("VmHWM:") - before) / 1024)
+"""
+
+
+def peak_memory(model: onnx.ModelProto, feeds: dict, threads: int) -> float:
+    """MiB of peak RSS growth from creating one session to its second run, in a fresh
+    process that only loads the model file and the feeds (nothing else to hide it)."""
+    with tempfile.TemporaryDirectory() as folder:
+        model_path, feeds_path = Path(folder) / "m.onnx", Path(folder) / "feeds.npz"
+        onnx.save(model, model_path)
+        np.savez(feeds_path, **feeds)
+        done = subprocess.run([sys.executable, "-c", _PEAK, str(model_path), str(feeds_path),
+                               str(threads)], capture_output=True, text=True, check=True)
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -159,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             np.testing.assert_allclose(runners[name].result(), runners["native"].result(),
                                        atol=1e-3, rtol=1e-3, err_msg=name)
         _, times, ratios = interleaved_rounds(runners, "native", args.rounds, time_calls)
-        memory = {name: peak_memory(size, offset_group, name, args.threads)
+        memory = {name: peak_memory(models[name], feeds, args.threads)
                   for name in ("native", "decomposed")}
         naive = float(np.median(times["naive"])) * 1e3 if "naive" in times else None
         over_naive = float(np.median(np.array(times["decomposed"]) / np.array(times["naive"]))) \
