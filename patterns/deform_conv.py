@@ -5,8 +5,16 @@ strides, pads, dilations, group, offset_group):
 - ONNX ``DeformConv(X, W, offset[, B][, mask]; dilations, group, kernel_shape,
   offset_group, pads, strides)`` in the default domain below opset 19 (it is standard from
   19: there only with ``--lower DeformConv``), and in any other domain;
-- SPELLINGS below lists the plugin and exporter spellings, with the source each was read
-  from.
+- ``SPELLINGS`` below: mmcv/mmdeploy ``MMCVModulatedDeformConv2d`` and ``MMCVDeformConv2d``,
+  ``torchvision::deform_conv2d`` (FALLTHROUGH), TensorRT OSS ``ModulatedDeformConv2d``,
+  ``DCNv2`` and ``DCNv2_TRT``, each with the source its inputs and attributes were read
+  from. torch's dynamo exporter writes torchvision's op as ``DeformConv``-19 (onnxscript's
+  torchlib ``torchvision_deform_conv2d``), which ``--lower DeformConv`` decomposes.
+
+Not pinned, so not matched: a 3-input ``DCNv2_TRT`` carrying the weight and bias as plugin
+fields (its source could not be identified; the 4-input check refuses it with the reason),
+and dlunion/tensorRTIntegrate's ``Plugin(name_s="DCNv2", info_s=<JSON>)``, a generic op
+name whose arguments live in a JSON string.
 
 Semantics (ONNX DeformConv-19, torchvision ``deform_conv2d``, mmcv ``deform_conv`` agree):
 X (N, C, H, W), W (Co, C/group, kH, kW), offset (N, offset_group*2*kH*kW, Ho, Wo), mask
@@ -21,20 +29,23 @@ convolution's output size).
 Before -> after (group 1)::
 
     DeformConv(X, W, offset, B, mask)
-      ->  rows = Reshape(Transpose(Pad(X, border 1), NHWC), (-1, C/offset_group))
-          y, x = base grid (Range over Ho, Wo + kernel taps) + offset (N, Ho*Wo, K, OG)
-          cols = sum over 4 taps of Gather(rows, tap index) * (weight * mask)
-                 # (N, Ho*Wo, K, OG, C/OG) = (N, P, K*C), k-major like W permuted
-          Y = Reshape(Transpose(MatMul(cols, W as (K*C, Co)) + B), (N, Co, Ho, Wo))
+      ->  quads = 2x2 neighbourhoods of Pad(X) channels-last, one row per (n, y, x, g)
+                  (._sampling.quad_rows: four shifted Slices, a Concat, a Reshape)
+          y, x  = grid (CumSum over Ho, Wo) * stride - pad + tap * dilation + offset
+                  # (N, OG, K, Ho, Wo); clipped to [-1, H] x [-1, W], NaN -> -1
+          taps  = Gather(quads, row of floor(y), floor(x))     # (N, Ho, Wo, OG, K, 4, C/OG)
+          cols  = MatMul(corner weights * mask (.., 1, 4), taps)   # (N, Ho, Wo, OG*K*C/OG)
+          Y     = Transpose(MatMul(cols, W permuted to (OG*K*C/OG, Co)) + B, NCHW)
 
-With group > 1 the columns are split per group (a Transpose of the columns) and multiplied
-by a (group, K*C/group, Co/group) weight in one batched MatMul.
+With group > 1 the columns are k-major, split per group (a Transpose of the columns) and
+multiplied by a (group, K*C/group, Co/group) weight in one batched MatMul. Every Reshape
+target is a Concat of Shape slices and constants (TVM's importer infers no dim there).
 
 Envelope: opsets 11+; 2-D only (X rank 4); X float16/32/64 (float16 is computed in
 float32 and rounded once); N, H, W, Ho, Wo dynamic; C, the kernel size, group and
 offset_group static (C from X or W, the kernel from ``kernel_shape`` or W). Memory: the
-columns are N*Ho*Wo*K*C elements (K times the output's pixels times C, like im2col), and
-two such tensors live at once while the four taps are summed; no chunking.
+gathered corners are 4*N*Ho*Wo*K*C elements (four times im2col's columns), plus a quad
+table of four times the input; no chunking.
 No GridSample (TensorRT 10.14/11.1 miscompile GridSample-based deformable sampling,
 NVIDIA/TensorRT#4813), no Conv with a computed weight, no contrib ops.
 """
