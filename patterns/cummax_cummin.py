@@ -55,17 +55,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 MAX_RANK = 64
 DYNAMIC_SCAN_BITS = 31  # a scan over a dynamic length gets the steps of length 2**31

@@ -58,17 +58,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from ._sampling import bilinear_sample, bilinear_zeros_reference, positions, quad_rows
 

@@ -75,17 +75,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 MODES = ("bilinear", "nearest", "bicubic")  # torch's integer codes 0, 1, 2
 PADDINGS = ("zeros", "border", "reflection")  # torch's integer codes 0, 1, 2

@@ -67,15 +67,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import (
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 CLOSED_FORM_MAX_N = 4
 MAX_N = 32  # the elimination is unrolled: about 15 nodes per column

@@ -48,17 +48,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from .linalg_inv import (
     MatrixFacts,

@@ -42,17 +42,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from ._rotation import build_rotation, rotation_facts
 

@@ -50,17 +50,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 _FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT,
                 TensorProto.DOUBLE)

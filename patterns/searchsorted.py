@@ -62,17 +62,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
-from decomposer.pattern import (
-    Attr,
-    Const,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Const, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 T = TensorProto
 _CATEGORY: dict[int, int] = {T.BOOL: 0, T.UINT8: 1, T.INT8: 1, T.INT16: 1, T.INT32: 1,

@@ -48,16 +48,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.pattern import (
-    Attr,
-    Form,
-    In,
-    MatchContext,
-    MatchedNode,
-    OutputType,
-    Pattern,
-    Reject,
-)
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 # Element types ONNX Runtime's Where kernel has (checked on ORT 1.32): no bool, int16,
 # uint16, uint64 or bfloat16; those get the detours described in the module docstring.
