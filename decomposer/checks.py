@@ -27,9 +27,15 @@ class _Context(Protocol):
     def elem_type(self, name: str) -> int | None: ...
 
 
+_NUMPY_NAMES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64"}
+
+
 def type_name(elem_type: int | None) -> str:
-    """``float32``-style name of an ONNX element type; ``unknown`` for None."""
-    return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
+    """numpy-style name of an ONNX element type (``float32``, ``int64``); ``unknown`` for
+    None."""
+    if elem_type is None:
+        return "unknown"
+    return _NUMPY_NAMES.get(elem_type) or TensorProto.DataType.Name(elem_type).lower()
 
 
 def _listed(types: Collection[int]) -> str:

@@ -71,10 +71,10 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
+from decomposer.checks import FLOAT_TYPES, require_type
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-_FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _INT_TYPES = (TensorProto.INT64, TensorProto.INT32)
 
 
@@ -103,13 +103,7 @@ class AffineGrid(Pattern):
         theta, size = node.tensor("theta"), node.tensor("size")
         align = bool(node.args["align_corners"])
 
-        theta_type = ctx.elem_type(theta)
-        if theta_type is None:
-            raise Reject(f"the element type of theta '{theta}' is unknown; give theta a "
-                         "typed graph input or value_info")
-        if theta_type not in _FLOAT_TYPES:
-            raise Reject(f"theta must be float16, float32 or float64, got "
-                         f"{TensorProto.DataType.Name(theta_type).lower()}")
+        theta_type = require_type(ctx, theta, "theta", FLOAT_TYPES)
         size_type = ctx.elem_type(size) or TensorProto.INT64
         if size_type not in _INT_TYPES:
             raise Reject(f"size must be int64 or int32, got "

@@ -55,6 +55,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
+from decomposer.checks import require_shape
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -91,13 +92,8 @@ class _CumExtreme(Pattern):
     def check(self, node: MatchedNode, ctx: MatchContext) -> CumFacts:
         dim = int(node.args["dim"])
         x = node.tensor("x")
-        shape = ctx.shape(x)
-        if shape is None:
-            raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
-                         "or value_info")
+        shape = require_shape(ctx, x, "input", max_rank=MAX_RANK)
         rank = len(shape)
-        if rank > MAX_RANK:
-            raise Reject(f"input '{x}' has rank {rank}; ranks above {MAX_RANK} are refused")
         if not -max(rank, 1) <= dim < max(rank, 1):
             raise Reject(f"dim {dim} is out of range for rank {rank}")
         elem_type = ctx.elem_type(x)

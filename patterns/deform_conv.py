@@ -58,12 +58,11 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import FLOAT_TYPES, require_type, type_name
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from ._sampling import bilinear_sample, bilinear_zeros_reference, positions, quad_rows
-
-FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
 
 class Facts(NamedTuple):
@@ -230,15 +229,12 @@ class DeformConv(Pattern[Facts]):
         args = _with_defaults(node.args)
         x, weight, offset = node.tensor("x"), node.tensor("weight"), _offset(node)
         mask, bias = _mask(node), node.tensor("bias")
-        elem_type = ctx.elem_type(x)
-        if elem_type not in FLOAT_TYPES:
-            raise Reject(f"input '{x}' must be float16, float32 or float64, got "
-                         f"{_type_name(elem_type)}")
+        elem_type = require_type(ctx, x, "input", FLOAT_TYPES)
         for label, name in (("weight", weight), ("offset", offset), ("mask", mask),
                             ("bias", bias)):
             if name and ctx.elem_type(name) not in (None, elem_type):
-                raise Reject(f"{label} '{name}' is {_type_name(ctx.elem_type(name))}; it "
-                             f"must have the input's type, {_type_name(elem_type)}")
+                raise Reject(f"{label} '{name}' is {type_name(ctx.elem_type(name))}; it "
+                             f"must have the input's type, {type_name(elem_type)}")
         x_shape, w_shape = ctx.shape(x), ctx.shape(weight)
         o_shape = ctx.shape(offset)
         for label, name, shape in (("input", x, x_shape), ("weight", weight, w_shape),
@@ -319,10 +315,6 @@ def _offset(node: MatchedNode) -> str:
 def _mask(node: MatchedNode) -> str:
     """The mask input, "" when there is none (torchvision: ``use_mask`` false)."""
     return node.tensor("mask") if node.args.get("use_mask", True) else ""
-
-
-def _type_name(elem_type: int | None) -> str:
-    return "unknown" if elem_type is None else TensorProto.DataType.Name(elem_type).lower()
 
 
 def _static_kernel(kernel_shape: list[int] | None, w_shape: Any) -> tuple[int, int]:

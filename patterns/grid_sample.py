@@ -75,13 +75,14 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import FLOAT_TYPES, require_type
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 MODES = ("bilinear", "nearest", "bicubic")  # torch's integer codes 0, 1, 2
 PADDINGS = ("zeros", "border", "reflection")  # torch's integer codes 0, 1, 2
 _MODE_ALIASES = {"linear": "bilinear", "cubic": "bicubic"}  # GridSample-20 spellings
-FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
 CUBIC_A = -0.75  # torch's cubic convolution constant (UpSampleBicubic2d)
 TAP_OFFSETS = {"nearest": (0,), "bilinear": (0, 1), "bicubic": (-1, 2, 0, 1)}
 # Chunking, measured on ONNX Runtime 1.32 at 1 thread (scripts/bench_grid_sample.py):
@@ -164,15 +165,9 @@ class GridSample(Pattern):
         mode, padding = node.args["mode"], node.args["padding_mode"]
         align = bool(node.args["align_corners"])
         x, grid = node.tensor("x"), node.tensor("grid")
-        x_type, grid_type = ctx.elem_type(x), ctx.elem_type(grid)
-        if x_type is None:
-            raise Reject(f"the element type of input '{x}' is unknown; give it a typed graph "
-                         "input or value_info")
-        grid_type = grid_type or x_type
-        for label, elem_type in (("input", x_type), ("grid", grid_type)):
-            if elem_type not in FLOAT_TYPES:
-                raise Reject(f"{label} must be float16, float32 or float64, got "
-                             f"{TensorProto.DataType.Name(elem_type).lower()}")
+        x_type = require_type(ctx, x, "input", FLOAT_TYPES)
+        grid_type = require_type(ctx, grid, "grid", FLOAT_TYPES) if ctx.elem_type(grid) \
+            else x_type
         k = _spatial_rank(x, grid, ctx)
         if k == 3 and mode == "bicubic":
             raise Reject("bicubic needs a 4-D input (torch has no 3-D bicubic)")

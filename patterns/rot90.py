@@ -42,6 +42,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
+from decomposer.checks import require_shape
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -83,15 +84,9 @@ class Rot90(Pattern[Rot90Facts]):
     def check(self, node: MatchedNode, ctx: MatchContext) -> Rot90Facts:
         k, dims = int(node.args["k"]), list(node.args["dims"])
         x = node.tensor("x")
-        shape = ctx.shape(x)
-        if shape is None:
-            raise Reject(f"the rank of input '{x}' is unknown; give it a typed graph input "
-                         "or value_info so the rotation axes can be resolved")
+        shape = require_shape(ctx, x, "input", "it resolves the rotation axes", min_rank=2,
+                              max_rank=MAX_RANK)
         rank = len(shape)
-        if rank < 2:
-            raise Reject(f"input '{x}' has rank {rank}; rot90 needs rank >= 2")
-        if rank > MAX_RANK:
-            raise Reject(f"input '{x}' has rank {rank}; ranks above {MAX_RANK} are refused")
         if len(dims) != 2:
             raise Reject(f"dims must name exactly 2 axes, got {dims}")
         if not all(-rank <= d < rank for d in dims):
