@@ -27,7 +27,8 @@ class _Context(Protocol):
     def elem_type(self, name: str) -> int | None: ...
 
 
-_NUMPY_NAMES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64"}
+_NUMPY_NAMES: dict[int, str] = {int(TensorProto.FLOAT): "float32",
+                                int(TensorProto.DOUBLE): "float64"}
 
 
 def type_name(elem_type: int | None) -> str:
@@ -35,7 +36,7 @@ def type_name(elem_type: int | None) -> str:
     None."""
     if elem_type is None:
         return "unknown"
-    return _NUMPY_NAMES.get(elem_type) or TensorProto.DataType.Name(elem_type).lower()
+    return _NUMPY_NAMES.get(int(elem_type)) or str(TensorProto.DataType.Name(elem_type)).lower()
 
 
 def _listed(types: Collection[int]) -> str:
