@@ -40,10 +40,13 @@ class Quads(NamedTuple):
     """The quad table of an image batch: rows (N * (H+2) * (W+2) * groups, 4 * C/groups)."""
 
     rows: Value
-    height: Value  # H, (1,) float: the clip bound of y
-    width: Value  # W, (1,) float
-    row_stride: Value  # (W + 2) * groups, int64 scalar: rows per image row
-    image_stride: Value  # (H + 2) * (W + 2) * groups, int64 scalar: rows per image
+    # H and W: the clip bounds of y and x ((1,) floats, or per-sample constants that
+    # broadcast); (W + 2) * groups: rows per image row (int64); (H + 2) * (W + 2) * groups:
+    # rows per image (the caller's base index uses it; None where the caller knows it)
+    height: Value | np.ndarray
+    width: Value | np.ndarray
+    row_stride: Value | np.ndarray
+    image_stride: Value | None
     groups: int
     group_channels: int  # C / groups
 
@@ -59,30 +62,40 @@ def quad_rows(b: Builder, x: Value, channels: int, groups: int, dtype: np.dtype)
     padded = b.Pad(x, [0, 0, BEFORE, BEFORE, 0, 0, AFTER, AFTER], np.asarray(0, dtype),
                    hint="bordered")  # (N, C, H+3, W+3)
     last = b.Transpose(padded, [0, 2, 3, 1], hint="channels_last")  # (N, H+3, W+3, C)
-    per_group = channels // groups
-    # rows dy .. dy+H+1, columns dx .. dx+W+1 of each corner: (N, H+2, W+2, C)
-    corners = [b.Slice(last, [dy, dx], [dy - 1 if dy == 0 else 2**62,
-                                        dx - 1 if dx == 0 else 2**62], [1, 2],
-                       hint=f"corner{dy}{dx}") for dy in (0, 1) for dx in (0, 1)]
-    # Sizes read back from a corner, not computed (TVM's importer does no arithmetic on a
-    # Shape, and infers no dim of a Concat of reshaped views when dims are dynamic).
-    corner_dims = b.Shape(corners[0], 0, 3, hint="quad_dims")  # N, H+2, W+2
-    grouped = b.Concat(corner_dims, np.asarray([groups, 1, per_group], np.int64), axis=0,
-                       hint="corner_groups_shape")
-    quads = b.Concat(*(b.Reshape(corner, grouped, hint="corner_groups") for corner in corners),
-                     axis=4, hint="quads")  # (N, H+2, W+2, groups, 4, C/groups)
-    grid_sizes = b.Shape(corners[0], 1, 3, hint="quad_sizes")
+    rows, dims = quad_table(b, last, channels, groups, hint="quad")
+    grid_sizes = b.Shape(dims, 1, 3, hint="quad_sizes")
     row_stride = b.Gather(grid_sizes, 1, axis=0, hint="quad_width") \
         * np.asarray(groups, np.int64)
     image_stride = b.Gather(grid_sizes, 0, axis=0, hint="quad_height") * row_stride
-    rows = b.Reshape(quads, [-1, 4 * per_group], hint="quad_rows")
-    return Quads(rows, height, width, row_stride, image_stride, groups, per_group)
+    return Quads(rows, height, width, row_stride, image_stride, groups, channels // groups)
+
+
+def quad_table(b: Builder, bordered: Value, channels: int, groups: int, hint: str
+               ) -> tuple[Value, Value]:
+    """(rows, a corner view) of a channels-last image batch that already has its border,
+    (N, H+3, W+3, C) -> rows (N * (H+2) * (W+2) * groups, 4 * C/groups), and one corner
+    (N, H+2, W+2, C) whose Shape gives the table's grid sizes."""
+    per_group = channels // groups
+    last = bordered
+    # rows dy .. dy+H+1, columns dx .. dx+W+1 of each corner: (N, H+2, W+2, C)
+    corners = [b.Slice(last, [dy, dx], [dy - 1 if dy == 0 else 2**62,
+                                        dx - 1 if dx == 0 else 2**62], [1, 2],
+                       hint=f"{hint}_corner{dy}{dx}") for dy in (0, 1) for dx in (0, 1)]
+    # Sizes read back from a corner, not computed (TVM's importer does no arithmetic on a
+    # Shape, and infers no dim of a Concat of reshaped views when dims are dynamic).
+    corner_dims = b.Shape(corners[0], 0, 3, hint=f"{hint}_dims")  # N, H+2, W+2
+    grouped = b.Concat(corner_dims, np.asarray([groups, 1, per_group], np.int64), axis=0,
+                       hint=f"{hint}_groups_shape")
+    quads = b.Concat(*(b.Reshape(corner, grouped, hint=f"{hint}_corner_groups")
+                       for corner in corners),
+                     axis=4, hint=f"{hint}s")  # (N, H+2, W+2, groups, 4, C/groups)
+    return b.Reshape(quads, [-1, 4 * per_group], hint=f"{hint}_rows"), corners[0]
 
 
 def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
                     scale: Value | None, sample_dims: list[Value | np.ndarray],
-                    hint: str = "sample",
-                    perm: list[int] | None = None) -> Value:
+                    hint: str = "sample", perm: list[int] | None = None,
+                    summed: int = 1) -> Value:
     """Bilinear samples of ``image`` at pixel coordinates (``y``, ``x``), zeros outside.
 
     ``y``, ``x``: float, shape S; ``base``: int64, broadcasting to S: the row of pixel
@@ -92,7 +105,12 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
     last, and the samples as the caller needs them); ``sample_dims``: the permuted S as
     pieces of an int64 shape vector (Shape slices and int64 arrays, concatenated once per
     Reshape target: no dim is inferred, and TVM's importer takes no Concat of a Concat of
-    shapes). Returns the permuted S + (C / groups,).
+    shapes). ``summed``: how many samples at the end of the permuted S are summed (their
+    static count: the trailing axes of the permuted S that ``sample_dims`` leaves out), in
+    the same MatMul as the corners. Returns ``sample_dims`` + (C / groups,).
+
+    ``image.height``, ``image.width`` and ``image.row_stride`` may be tensors that broadcast
+    to S (per-sample image sizes: several images of different sizes in one table).
     """
     corner_index: list[Value] = []
     weights: list[tuple[Value, Value]] = []
@@ -118,14 +136,15 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
         index = b.Transpose(index, perm, hint=f"{hint}_index")
         weight = b.Transpose(weight, [*perm, len(perm)], hint=f"{hint}_weights_t")
     taps = b.Gather(image.rows, index, axis=0, hint=f"{hint}_quads")  # S' + (4 * C/g,)
+
     def target(*trailing: int) -> Value:
         return b.Concat(*sample_dims, np.asarray(trailing, np.int64), axis=0,
                         hint=f"{hint}_shape")
 
-    taps = b.Reshape(taps, target(4, image.group_channels), hint=f"{hint}_taps")
-    weight = b.Reshape(weight, target(1, 4), hint=f"{hint}_row")
-    summed = b.MatMul(weight, taps, hint=f"{hint}_sum")  # S' + (1, C/g)
-    return b.Reshape(summed, target(image.group_channels), hint=hint)
+    taps = b.Reshape(taps, target(4 * summed, image.group_channels), hint=f"{hint}_taps")
+    weight = b.Reshape(weight, target(1, 4 * summed), hint=f"{hint}_row")
+    total = b.MatMul(weight, taps, hint=f"{hint}_sum")  # sample_dims + (1, C/g)
+    return b.Reshape(total, target(image.group_channels), hint=hint)
 
 
 def positions(b: Builder, dims: Value, axis: int, dtype: np.dtype, hint: str) -> Value:

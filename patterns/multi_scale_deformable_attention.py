@@ -1,0 +1,291 @@
+"""Multi-scale deformable attention (Deformable DETR, DINO, BEVFormer) as one gather + MatMuls.
+
+Matches (every spelling normalizes to value, spatial_shapes, level_start_index,
+sampling_locations, attention_weights):
+- mmdeploy's ``MMCVMultiScaleDeformableAttention(value, value_spatial_shapes,
+  value_level_start_index, sampling_locations, attention_weights; im2col_step)``
+  (mmdeploy/mmcv/ops/multi_scale_deform_attn.py; mmcv itself has no symbolic) in any domain:
+  output (N, Lq, M*D);
+- TensorRT OSS ``MultiscaleDeformableAttnPlugin_TRT`` (plugin/multiscaleDeformableAttnPlugin:
+  the same five inputs, no attributes) in any domain (``trt``, ``trt.plugins``, ``""``,
+  ``com.microsoft`` as exporters borrow it): output (N, Lq, M, D);
+- NVIDIA DL4AGX vad-trt's ``MultiScaleDeformableAttentionPlugin`` (the same five inputs) in
+  any domain: output (N, Lq, M*D).
+The output's rank comes from the spelling (3 or 4); spatial_shapes and level_start_index may
+be int32 (what the TensorRT plugins take) or int64 (mmdeploy's export).
+
+Not matched, so refused with "no pattern": DerryHub/BEVFormer_tensorrt's
+``MultiScaleDeformableAttnTRT``/``TRT2`` (reference points plus pixel offsets and the
+attention softmax folded in; its pixel convention was not pinned from the kernel source),
+Ascend's ``npu::MultiScaleDeformableAttn`` (output layout not pinned), and ONNX Runtime's
+unmerged ``com.microsoft`` proposal.
+
+Semantics are mmcv's ``multi_scale_deform_attn_pytorch``: value (N, S, M, D) split per
+level l into (H_l, W_l) maps (level l at rows sum_{j<l} H_j*W_j; spatial_shapes (L, 2) is
+[H, W]); locations (N, Lq, M, L, P, 2) in [0, 1] as (x, y) sample value's level l bilinearly
+like ``grid_sample(2 * loc - 1, align_corners=False, padding_mode="zeros")``, i.e. at pixel
+``(loc_y * H_l - 0.5, loc_x * W_l - 0.5)`` with zeros outside (:mod:`._sampling`); the samples
+are weighted by attention_weights (N, Lq, M, L, P) (or (N, Lq, M, L*P)) and summed over levels
+and points.
+
+Before -> after::
+
+    MSDA(value, shapes, starts, loc, w)
+      ->  table = Concat over levels of the 2x2-neighbourhood rows of each level's map
+                  (Slice of value, Reshape (N, H_l, W_l, M*D), zero border, ._sampling)
+          y, x  = loc * [H_l, W_l] - 0.5      # (N, M, L, P, Lq), per-level constants
+          taps  = Gather(table, row(n, l, m, floor(y), floor(x)))  # (N, M, Lq, L*P*4, D)
+          out   = MatMul(corner weights * w (.., 1, L*P*4), taps)  # (N, M, Lq, 1, D)
+                  -> Transpose, Reshape (N, Lq, M*D) (or (N, Lq, M, D))
+
+One GatherND-free gather and one MatMul for all levels and points, no GridSample (TensorRT
+10.14/11.1 miscompile GridSample-based deformable attention, NVIDIA/TensorRT#4813), at every
+opset and target.
+
+Envelope: opsets 11+; value float16/32/64 (float16 computed in float32); N and Lq dynamic;
+M, D, L and P static; spatial_shapes and level_start_index constant (initializers or
+Constants: the common export); run-time spatial shapes are refused with that reason. Memory:
+the gathered corners are 4 * N * M * Lq * L * P * D elements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import FLOAT_TYPES, require_shape, require_type
+from decomposer.forms import Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._sampling import AFTER, BEFORE, Quads, bilinear_sample, positions, quad_table
+
+_INPUTS = (In("value"), In("spatial_shapes"), In("level_start_index"),
+           In("sampling_locations"), In("attention_weights"))
+_INDEX_TYPES = (TensorProto.INT32, TensorProto.INT64)
+
+
+def _heads_apart(args: dict[str, Any]) -> dict[str, Any]:
+    return {**args, "output_rank": 4}
+
+
+def _heads_joined(args: dict[str, Any]) -> dict[str, Any]:
+    return {**args, "output_rank": 3}
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    compute_type: int
+    levels: tuple[tuple[int, int], ...]  # (H, W) per level
+    heads: int  # M
+    channels: int  # D
+    points: int  # P
+    weights_rank: int  # 5: (N, Lq, M, L, P); 4: (N, Lq, M, L*P)
+    output_rank: int  # 3: (N, Lq, M*D); 4: (N, Lq, M, D)
+
+
+class MultiScaleDeformableAttention(Pattern[Facts]):
+    """Arguments: ``output_rank`` (3 or 4, from the spelling)."""
+
+    op_type = "MultiScaleDeformableAttention"
+    forms = (
+        Form("MMCVMultiScaleDeformableAttention", inputs=_INPUTS, convert=_heads_joined,
+             extra_attributes=frozenset({"im2col_step"}),
+             label="MMCVMultiScaleDeformableAttention (mmdeploy; any domain)"),
+        Form("MultiscaleDeformableAttnPlugin_TRT", inputs=_INPUTS, convert=_heads_apart,
+             label="MultiscaleDeformableAttnPlugin_TRT (TensorRT OSS; any domain)"),
+        Form("MultiScaleDeformableAttentionPlugin", inputs=_INPUTS, convert=_heads_joined,
+             label="MultiScaleDeformableAttentionPlugin (DL4AGX vad-trt; any domain)"),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        value = node.tensor("value")
+        elem_type = require_type(ctx, value, "value", FLOAT_TYPES)
+        value_shape = require_shape(ctx, value, "value", "(N, S, M, D)", 4, 4)
+        heads, channels = value_shape[2], value_shape[3]
+        if not isinstance(heads, int) or not isinstance(channels, int):
+            raise Reject(f"value's heads and channels (M, D) must be static, got "
+                         f"{list(value_shape)}")
+        shapes = ctx.constant(node.tensor("spatial_shapes"))
+        if shapes is None:
+            raise Reject("spatial_shapes must be a constant (an initializer or Constant): "
+                         "run-time level sizes are not supported")
+        if shapes.ndim != 2 or shapes.shape[1] != 2 or shapes.dtype.kind not in "iu":
+            raise Reject(f"spatial_shapes must be (L, 2) integers [H, W], got {shapes.dtype} "
+                         f"of shape {list(shapes.shape)}")
+        levels = tuple((int(h), int(w)) for h, w in shapes.tolist())
+        if any(h < 1 or w < 1 for h, w in levels):
+            raise Reject(f"every level needs H, W >= 1, got {[list(x) for x in levels]}")
+        starts = ctx.constant(node.tensor("level_start_index"))
+        expected = np.cumsum([0] + [h * w for h, w in levels[:-1]])
+        if starts is not None and (starts.shape != (len(levels),)
+                                   or not np.array_equal(starts, expected)):
+            raise Reject(f"level_start_index {starts.tolist()} does not match spatial_shapes "
+                         f"(expected {expected.tolist()})")
+        for name in ("spatial_shapes", "level_start_index"):
+            elem = ctx.elem_type(node.tensor(name))
+            if elem is not None and elem not in _INDEX_TYPES:
+                raise Reject(f"{name} must be int32 or int64")
+        locations = node.tensor("sampling_locations")
+        require_type(ctx, locations, "sampling_locations", (elem_type,))
+        loc_shape = require_shape(ctx, locations, "sampling_locations",
+                                  "(N, Lq, M, L, P, 2)", 6, 6)
+        points = loc_shape[4]
+        if not isinstance(points, int) or loc_shape[5] != 2:
+            raise Reject(f"sampling_locations must be (N, Lq, M, L, P, 2) with P static, got "
+                         f"{list(loc_shape)}")
+        for axis, want, what in ((2, heads, "M"), (3, len(levels), "L")):
+            if isinstance(loc_shape[axis], int) and loc_shape[axis] != want:
+                raise Reject(f"sampling_locations has {loc_shape[axis]} for {what}; value and "
+                             f"spatial_shapes say {want}")
+        weights = node.tensor("attention_weights")
+        require_type(ctx, weights, "attention_weights", (elem_type,))
+        w_shape = require_shape(ctx, weights, "attention_weights",
+                                "(N, Lq, M, L, P) or (N, Lq, M, L*P)", 4, 5)
+        tail = [len(levels), points] if len(w_shape) == 5 else [len(levels) * points]
+        if any(isinstance(d, int) and d != t for d, t in zip(w_shape[3:], tail, strict=True)):
+            raise Reject(f"attention_weights {list(w_shape)} does not match L={len(levels)} "
+                         f"levels of P={points} points")
+        compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
+        return Facts(elem_type, compute, levels, heads, channels, points, len(w_shape),
+                     int(node.args["output_rank"]))
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        build_msda(b, node, facts)
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        loc = ctx.shape(node.tensor("sampling_locations"))
+        batch, queries = (loc[0], loc[1]) if loc else (None, None)
+        tail = [facts.heads * facts.channels] if facts.output_rank == 3 \
+            else [facts.heads, facts.channels]
+        return [(facts.elem_type, [batch, queries, *tail])]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        value, shapes = tensors["value"], tensors["spatial_shapes"]
+        locations, weights = tensors["sampling_locations"], tensors["attention_weights"]
+        assert value is not None and shapes is not None
+        assert locations is not None and weights is not None
+        out = msda_reference(value, shapes, locations, weights)
+        if int(args["output_rank"]) == 4:
+            out = out.reshape(*out.shape[:2], value.shape[2], value.shape[3])
+        return [out]
+
+
+# -- the decomposition --------------------------------------------------------------------
+
+
+def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
+    dtype = numpy_dtype(facts.compute_type)
+    narrow = facts.elem_type != facts.compute_type
+    heads, channels, points = facts.heads, facts.channels, facts.points
+    count = len(facts.levels)
+
+    def computed(name: str, hint: str) -> Value:
+        value = b.input(node.tensor(name), numpy_dtype(facts.elem_type))
+        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
+
+    value = computed("value", "value")
+    batch = b.Shape(value, 0, 1, hint="batch")
+    # One quad table for every level, level-major: level l's rows start at N * offset[l].
+    tables: list[Value] = []
+    plane: list[int] = []  # rows per image of each level's table
+    offset: list[int] = []  # rows per image of the levels before
+    start = 0
+    for level, (height, width) in enumerate(facts.levels):
+        rows = b.Slice(value, [start], [start + height * width], [1], hint=f"level{level}")
+        start += height * width
+        image = b.Reshape(rows, b.Concat(batch, np.asarray([height, width, heads * channels]),
+                                         axis=0, hint=f"level{level}_shape"),
+                          hint=f"level{level}_map")  # (N, H, W, M*D)
+        bordered = b.Pad(image, [0, BEFORE, BEFORE, 0, 0, AFTER, AFTER, 0],
+                         np.asarray(0, dtype), hint=f"level{level}_bordered")
+        table, _ = quad_table(b, bordered, heads * channels, heads, hint=f"level{level}_quad")
+        tables.append(table)
+        offset.append(sum(plane))
+        plane.append((height + 2) * (width + 2) * heads)
+    table = tables[0] if count == 1 else b.Concat(*tables, axis=0, hint="quad_table")
+
+    def per_level(values: Sequence[float], kind: Any) -> np.ndarray:
+        return np.asarray(values, kind).reshape(1, 1, count, 1, 1)
+
+    sizes_h = per_level([h for h, _ in facts.levels], dtype)
+    sizes_w = per_level([w for _, w in facts.levels], dtype)
+    quads = Quads(table, sizes_h, sizes_w,
+                  per_level([(w + 2) * heads for _, w in facts.levels], np.int64),
+                  None, heads, channels)
+
+    # Points as (N, M, L, P, Lq): the point math broadcasts over whole rows of queries.
+    locations = computed("sampling_locations", "locations")  # (N, Lq, M, L, P, 2)
+    loc_x, loc_y = (b.Transpose(b.Squeeze(part, [5], hint=f"loc_{name}_squeezed"),
+                                [0, 2, 3, 4, 1], hint=f"loc_{name}")
+                    for part, name in zip(b.Split(locations, 2, axis=5, hint="loc_xy"), "xy",
+                                          strict=True))
+    y = loc_y * sizes_h - 0.5  # align_corners=False: grid_sample's pixel of 2*loc - 1
+    x = loc_x * sizes_w - 0.5
+    weights = computed("attention_weights", "weights")
+    if facts.weights_rank == 4:  # (N, Lq, M, L*P)
+        weights = b.Reshape(weights, [0, 0, heads, count, points], hint="weights_levels")
+    weights = b.Transpose(weights, [0, 2, 3, 4, 1], hint="weights_points")  # (N, M, L, P, Lq)
+    image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
+    per_image = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
+        * per_level(plane, np.int64)
+    base = per_image + b.Unsqueeze(b.Gather(batch, 0, axis=0, hint="n"), [0, 1, 2, 3, 4],
+                                   hint="n_levels") * per_level(offset, np.int64) \
+        + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
+    queries = b.Shape(locations, 1, 2, hint="queries")
+    sampled = bilinear_sample(b, quads, y, x, base, weights,
+                              [batch, np.asarray([heads], np.int64), queries], hint="sample",
+                              perm=[0, 1, 4, 2, 3], summed=count * points)  # (N, M, Lq, D)
+    final = None if narrow else node.outputs[0]
+    joined = b.Transpose(sampled, [0, 2, 1, 3], hint="heads_last",
+                         out=final if facts.output_rank == 4 else None)  # (N, Lq, M, D)
+    if facts.output_rank == 3:
+        joined = b.Reshape(joined, b.Concat(batch, queries,
+                                            np.asarray([heads * channels], np.int64), axis=0,
+                                            hint="out_shape"), hint="heads_joined", out=final)
+    if narrow:
+        b.Cast(joined, facts.elem_type, out=node.outputs[0])
+
+
+# -- numpy reference ----------------------------------------------------------------------
+
+
+def msda_reference(value: np.ndarray, spatial_shapes: np.ndarray, locations: np.ndarray,
+                   weights: np.ndarray) -> np.ndarray:
+    """mmcv's multi_scale_deform_attn_pytorch in float64, rounded to value's dtype:
+    (N, Lq, M*D). Bilinear zeros padding at pixel (loc * size - 0.5), written directly."""
+    n_batch, _, heads, channels = value.shape
+    _, queries, _, count, points, _ = locations.shape
+    weights = weights.reshape(n_batch, queries, heads, count, points).astype(np.float64)
+    out = np.zeros((n_batch, queries, heads, channels), np.float64)
+    start = 0
+    for level, (height, width) in enumerate(np.asarray(spatial_shapes).tolist()):
+        maps = value[:, start:start + height * width].astype(np.float64)
+        maps = maps.reshape(n_batch, height, width, heads, channels)
+        start += height * width
+        y = locations[:, :, :, level, :, 1].astype(np.float64) * height - 0.5  # (N,Lq,M,P)
+        x = locations[:, :, :, level, :, 0].astype(np.float64) * width - 0.5
+        y0, x0 = np.floor(y), np.floor(x)
+        for dy in (0, 1):
+            for dx in (0, 1):
+                ty, tx = y0 + dy, x0 + dx
+                wy = 1 - np.abs(y - ty)
+                wx = 1 - np.abs(x - tx)
+                inside = (ty >= 0) & (ty < height) & (tx >= 0) & (tx < width)
+                iy = np.clip(np.nan_to_num(ty), 0, height - 1).astype(np.int64)
+                ix = np.clip(np.nan_to_num(tx), 0, width - 1).astype(np.int64)
+                n_idx = np.arange(n_batch)[:, None, None, None]
+                m_idx = np.arange(heads)[None, None, :, None]
+                picked = maps[n_idx, iy, ix, m_idx]  # (N, Lq, M, P, D)
+                factor = np.where(inside, wy * wx, 0.0) * weights[:, :, :, level]
+                out += np.einsum("nqmp,nqmpd->nqmd", factor, np.where(
+                    inside[..., None], picked, 0.0))
+    return out.reshape(n_batch, queries, heads * channels).astype(value.dtype)
+
+
+PATTERNS = [MultiScaleDeformableAttention()]
