@@ -141,9 +141,12 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
         return b.Concat(*sample_dims, np.asarray(trailing, np.int64), axis=0,
                         hint=f"{hint}_shape")
 
-    taps = b.Reshape(taps, target(4 * summed, image.group_channels), hint=f"{hint}_taps")
-    weight = b.Reshape(weight, target(1, 4 * summed), hint=f"{hint}_row")
-    total = b.MatMul(weight, taps, hint=f"{hint}_sum")  # sample_dims + (1, C/g)
+    # The corner MatMul is rank 3, (samples, 1, 4*summed) @ (samples, 4*summed, C/g):
+    # onnx2tf's tf_converter turns a batched MatMul above rank 5 into a Flex op LiteRT's
+    # builtin interpreter cannot run.
+    taps = b.Reshape(taps, [-1, 4 * summed, image.group_channels], hint=f"{hint}_taps")
+    weight = b.Reshape(weight, [-1, 1, 4 * summed], hint=f"{hint}_row")
+    total = b.MatMul(weight, taps, hint=f"{hint}_sum")  # (samples, 1, C/g)
     return b.Reshape(total, target(image.group_channels), hint=hint)
 
 

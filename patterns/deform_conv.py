@@ -388,12 +388,10 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
     point_x = b.Unsqueeze(cols_w * float(sw) - float(pl), [0], hint="base_x") + tap_x
     # (K, Ho, Wo) each
 
-    # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1.
-    pairs = b.Reshape(offset, b.Concat(batch, np.asarray([og, taps * 2]), out_sizes, axis=0,
-                                       hint="pairs_shape"), hint="offset_pairs")
-    dy, dx = b.Split(b.Reshape(pairs, b.Concat(batch, np.asarray([og, taps, 2]), out_sizes,
-                                               axis=0, hint="yx_shape"), hint="offset_yx"),
-                     2, axis=3, hint="offset_yx")  # (N, OG, K, 1, Ho, Wo) each
+    # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1: two strided Slices
+    # (a 6-D Split is beyond LiteRT's 5-D SLICE kernel after onnx2tf's flatbuffer_direct)
+    dy, dx = (b.Slice(offset, [start], [2**62], [1], [2], hint=f"offset_{name}")
+              for start, name in ((0, "y"), (1, "x")))  # (N, OG*K, Ho, Wo) each
     per_point_shape = b.Concat(batch, np.asarray([og, taps]), out_sizes, axis=0,
                                hint="points_shape")
 

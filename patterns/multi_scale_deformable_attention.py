@@ -31,11 +31,12 @@ and points.
 Before -> after::
 
     MSDA(value, shapes, starts, loc, w)
-      ->  table = Concat over levels of the 2x2-neighbourhood rows of each level's map
-                  (Slice of value, Reshape (N, H_l, W_l, M*D), zero border, ._sampling)
+      ->  table = the 2x2-neighbourhood rows of each level's map, image-major, levels
+                  concatenated (Slice of value, Reshape (N, H_l, W_l, M*D), zero border,
+                  ._sampling.quad_table)
           y, x  = loc * [H_l, W_l] - 0.5      # (N, M, L, P, Lq), per-level constants
-          taps  = Gather(table, row(n, l, m, floor(y), floor(x)))  # (N, M, Lq, L*P*4, D)
-          out   = MatMul(corner weights * w (.., 1, L*P*4), taps)  # (N, M, Lq, 1, D)
+          taps  = Gather(table, row(n, l, m, floor(y), floor(x)))  # (N*M*Lq, L*P*4, D)
+          out   = MatMul(corner weights * w (.., 1, L*P*4), taps)  # (N*M*Lq, 1, D)
                   -> Transpose, Reshape (N, Lq, M*D) (or (N, Lq, M, D))
 
 One GatherND-free gather and one MatMul for all levels and points, no GridSample (TensorRT
@@ -191,7 +192,8 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
 
     value = computed("value", "value")
     batch = b.Shape(value, 0, 1, hint="batch")
-    # One quad table for every level, level-major: level l's rows start at N * offset[l].
+    # One quad table for every level, image-major: image n's rows start at n * sum(plane),
+    # level l's within them at offset[l] (no arithmetic on the run-time batch size).
     tables: list[Value] = []
     plane: list[int] = []  # rows per image of each level's table
     offset: list[int] = []  # rows per image of the levels before
@@ -205,10 +207,13 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
         bordered = b.Pad(image, [0, BEFORE, BEFORE, 0, 0, AFTER, AFTER, 0],
                          np.asarray(0, dtype), hint=f"level{level}_bordered")
         table, _ = quad_table(b, bordered, heads * channels, heads, hint=f"level{level}_quad")
-        tables.append(table)
+        tables.append(b.Reshape(table, b.Concat(batch, np.asarray([-1, 4 * channels]), axis=0,
+                                                hint=f"level{level}_per_image_shape"),
+                                hint=f"level{level}_per_image"))  # (N, rows_l, 4*D)
         offset.append(sum(plane))
         plane.append((height + 2) * (width + 2) * heads)
-    table = tables[0] if count == 1 else b.Concat(*tables, axis=0, hint="quad_table")
+    table = tables[0] if count == 1 else b.Concat(*tables, axis=1, hint="quad_table")
+    table = b.Reshape(table, [-1, 4 * channels], hint="quad_rows")
 
     def per_level(values: Sequence[float], kind: Any) -> np.ndarray:
         return np.asarray(values, kind).reshape(1, 1, count, 1, 1)
@@ -232,10 +237,8 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
         weights = b.Reshape(weights, [0, 0, heads, count, points], hint="weights_levels")
     weights = b.Transpose(weights, [0, 2, 3, 4, 1], hint="weights_points")  # (N, M, L, P, Lq)
     image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
-    per_image = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
-        * per_level(plane, np.int64)
-    base = per_image + b.Unsqueeze(b.Gather(batch, 0, axis=0, hint="n"), [0, 1, 2, 3, 4],
-                                   hint="n_levels") * per_level(offset, np.int64) \
+    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
+        * np.asarray(sum(plane), np.int64) + per_level(offset, np.int64) \
         + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
     queries = b.Shape(locations, 1, 2, hint="queries")
     sampled = bilinear_sample(b, quads, y, x, base, weights,
