@@ -263,6 +263,15 @@ class DeformConv(Pattern[Facts]):
         if mask:
             _check_channels("mask", mask, ctx.shape(mask), offset_group * taps,
                             f"offset_group ({offset_group}) * kH*kW ({taps})")
+        if bias:
+            b_shape = ctx.shape(bias)
+            out_channels = w_shape[0] if w_shape is not None else None
+            if b_shape is None or len(b_shape) != 1 or (
+                    isinstance(b_shape[0], int) and isinstance(out_channels, int)
+                    and b_shape[0] != out_channels):
+                raise Reject(f"bias '{bias}' must be 1-D with the weight's {out_channels} "
+                             f"output channels, got shape "
+                             f"{'unknown' if b_shape is None else list(b_shape)}")
         strides, dilations = args["strides"], args["dilations"]
         if min(strides) < 1 or min(dilations) < 1:
             raise Reject(f"strides {strides} and dilations {dilations} must be >= 1")

@@ -95,6 +95,9 @@ class _TriangleBase(Pattern):
         if elem_type not in _SUPPORTED:
             raise Reject(f"element type {TensorProto.DataType.Name(elem_type).lower()} is "
                          "not supported (torch's tril/triu take real and bool tensors)")
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject(f"bfloat16 needs opset 13 or newer (Shape has no bfloat16 at opset "
+                         f"{ctx.opset})")
         diagonal_type, needs_reshape = None, False
         if diagonal_name:
             value = ctx.constant(diagonal_name)

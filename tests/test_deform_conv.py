@@ -388,6 +388,11 @@ def test_rejections_name_the_node_and_the_reason():
     model.graph.input.append(helper.make_tensor_value_info("stride_h", TensorProto.INT64, []))
     assert "stride_h (input 6) must be a constant scalar" in _rejected(model)
 
+    model, _ = spelled("mmcv", conv)  # the weight passed as the bias (a fuzzer find)
+    node = next(n for n in model.graph.node if n.name == "dcn")
+    node.input[4] = "weight"
+    assert "bias 'weight' must be 1-D with the weight's 6 output channels" in _rejected(model)
+
     asymmetric = make_conv(rng, strides=(2, 1), sizes=[])
     model, _ = spelled("trt", asymmetric)
     assert "reads element 0 as the width" in _rejected(model)
