@@ -226,10 +226,19 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
 
     # Points as (N, M, L, P, Lq): the point math broadcasts over whole rows of queries.
     locations = computed("sampling_locations", "locations")  # (N, Lq, M, L, P, 2)
-    loc_x, loc_y = (b.Transpose(b.Squeeze(part, [5], hint=f"loc_{name}_squeezed"),
+    queries = b.Shape(locations, 1, 2, hint="queries")
+    # x and y by strided Slices of a 4-D view (onnx2tf's flatbuffer_direct lowers a 6-D
+    # Split to a SLICE that LiteRT runs up to 5-D only)
+    flat = b.Reshape(locations, b.Concat(batch, queries, np.asarray([heads, count * points * 2],
+                                                                    np.int64),
+                                         axis=0, hint="loc_flat_shape"), hint="loc_flat")
+    points_shape = b.Concat(batch, queries, np.asarray([heads, count, points], np.int64),
+                            axis=0, hint="loc_points_shape")
+    loc_x, loc_y = (b.Transpose(b.Reshape(b.Slice(flat, [start], [2**62], [3], [2],
+                                                  hint=f"loc_{name}_flat"),
+                                          points_shape, hint=f"loc_{name}_points"),
                                 [0, 2, 3, 4, 1], hint=f"loc_{name}")
-                    for part, name in zip(b.Split(locations, 2, axis=5, hint="loc_xy"), "xy",
-                                          strict=True))
+                    for start, name in ((0, "x"), (1, "y")))
     y = loc_y * sizes_h - 0.5  # align_corners=False: grid_sample's pixel of 2*loc - 1
     x = loc_x * sizes_w - 0.5
     weights = computed("attention_weights", "weights")
@@ -240,7 +249,6 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
     base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
         * np.asarray(sum(plane), np.int64) + per_level(offset, np.int64) \
         + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
-    queries = b.Shape(locations, 1, 2, hint="queries")
     sampled = bilinear_sample(b, quads, y, x, base, weights,
                               [batch, np.asarray([heads], np.int64), queries], hint="sample",
                               perm=[0, 1, 4, 2, 3], summed=count * points)  # (N, M, Lq, D)
