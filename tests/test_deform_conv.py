@@ -416,6 +416,14 @@ def portability_cases():
         cases.append({"id": label, "model": model, "feeds": feeds,
                       "expected": [[torch_deform_conv(c).astype(np.float32)]
                                    for c in [conv, *conv.more]], "atol": 1e-4})
+    # ONNX's own DeformConv-19, lowered (OpenVINO, TVM and onnx2torch have no DeformConv)
+    conv = make_conv(rng, offset_group=2, sizes=[(1, 6, 9)])
+    feeds = [{"x": c.x, "weight": c.weight, "offset": c.offset, "bias": c.bias, "mask": c.mask}
+             for c in [conv, *conv.more]]
+    cases.append({"id": "DeformConv-19, --lower DeformConv", "model": native_model(conv, 19),
+                  "feeds": feeds, "lower": ["DeformConv"],
+                  "expected": [[torch_deform_conv(c).astype(np.float32)]
+                               for c in [conv, *conv.more]], "atol": 1e-4})
     return cases
 
 
