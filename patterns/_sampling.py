@@ -150,6 +150,59 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
     return b.Reshape(total, target(image.group_channels), hint=hint)
 
 
+def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
+                    height: np.ndarray, width: np.ndarray, groups: int, group_channels: int,
+                    scale: Value | None, sample_dims: list[Value | np.ndarray], hint: str,
+                    perm: list[int], summed: int = 1) -> Value:
+    """Bilinear samples gathered pixel by pixel from an image table with no border.
+
+    The same samples as :func:`bilinear_sample` (zeros outside, every corner outside the
+    image counting 0), for tables that are not worth a quad copy: when the samples are far
+    fewer than the pixels (deformable attention over large feature maps), a gather of the
+    four corners straight from ``rows`` costs less than rebuilding the image. ``rows``:
+    (images * H * W * groups, C/groups), row ``base + (y * W + x) * groups``; ``height``,
+    ``width``: constants broadcasting to S. A corner outside the image is clamped onto a
+    real pixel with weight 0 (so a non-finite pixel there would still poison the sum; the
+    quad table's zero border has no such corner). Other arguments as
+    :func:`bilinear_sample`.
+    """
+    indices: list[list[Value]] = []
+    weights: list[list[Value]] = []
+    for axis, (coordinate, size) in enumerate(((y, height), (x, width))):
+        name = "yx"[axis]
+        inside = b.Where(b.IsNaN(coordinate), -2.0, coordinate, hint=f"{hint}_{name}_num")
+        inside = b.Min(b.Max(inside, -2.0), size, hint=f"{hint}_{name}_clip")
+        low = b.Floor(inside, hint=f"{hint}_{name}0")
+        fraction = inside - low
+        axis_index, axis_weight = [], []
+        for tap, weight in ((low, 1.0 - fraction), (low + 1.0, fraction)):
+            valid = b.And(b.GreaterOrEqual(tap, 0.0), b.Less(tap, size), hint=f"{hint}_in")
+            axis_weight.append(b.Where(valid, weight, 0.0, hint=f"{hint}_{name}_w"))
+            clamped = b.Min(b.Max(tap, 0.0), size - 1.0, hint=f"{hint}_{name}_tap")
+            axis_index.append(b.Cast(clamped, np.int64, hint=f"{hint}_{name}_i"))
+        indices.append(axis_index)
+        weights.append(axis_weight)
+    group_step = np.asarray(groups, np.int64)
+    row_step = np.asarray(width, np.int64) * group_step
+    corner_index, corner_weight = [], []
+    for iy, wy in zip(indices[0], weights[0], strict=True):
+        for ix, wx in zip(indices[1], weights[1], strict=True):
+            corner_index.append(b.Unsqueeze(base + iy * row_step + ix * group_step, [-1],
+                                            hint=f"{hint}_corner_i"))
+            weight = wy * wx if scale is None else (wy * wx) * scale
+            corner_weight.append(b.Unsqueeze(weight, [-1], hint=f"{hint}_corner_w"))
+    index = b.Transpose(b.Concat(*corner_index, axis=-1, hint=f"{hint}_index"),
+                        [*perm, len(perm)], hint=f"{hint}_index_t")
+    weight_all = b.Transpose(b.Concat(*corner_weight, axis=-1, hint=f"{hint}_weights"),
+                             [*perm, len(perm)], hint=f"{hint}_weights_t")
+    taps = b.Gather(rows, index, axis=0, hint=f"{hint}_pixels")  # S' + (4, C/g)
+    taps = b.Reshape(taps, [-1, 4 * summed, group_channels], hint=f"{hint}_taps")
+    weight_all = b.Reshape(weight_all, [-1, 1, 4 * summed], hint=f"{hint}_row")
+    total = b.MatMul(weight_all, taps, hint=f"{hint}_sum")  # (samples, 1, C/g)
+    return b.Reshape(total, b.Concat(*sample_dims, np.asarray([group_channels], np.int64),
+                                     axis=0, hint=f"{hint}_shape"), hint=hint)
+
+
 def positions(b: Builder, dims: Value, axis: int, dtype: np.dtype, hint: str) -> Value:
     """0, 1, 2, ... along ``axis`` of a tensor of shape ``dims`` (an int64 shape vector).
 

@@ -31,11 +31,10 @@ and points.
 Before -> after::
 
     MSDA(value, shapes, starts, loc, w)
-      ->  table = the 2x2-neighbourhood rows of each level's map, image-major, levels
-                  concatenated (Slice of value, Reshape (N, H_l, W_l, M*D), zero border,
-                  ._sampling.quad_table)
+      ->  rows  = value as (N*S*M, D): no copy of the maps (the samples are fewer)
           y, x  = loc * [H_l, W_l] - 0.5      # (N, M, L, P, Lq), per-level constants
-          taps  = Gather(table, row(n, l, m, floor(y), floor(x)))  # (N*M*Lq, L*P*4, D)
+          taps  = Gather(rows, row(n, l, m, corner y, corner x))   # (N*M*Lq, L*P*4, D)
+                  (._sampling.bilinear_pixels: a corner outside is clamped in, weight 0)
           out   = MatMul(corner weights * w (.., 1, L*P*4), taps)  # (N*M*Lq, 1, D)
                   -> Transpose, Reshape (N, Lq, M*D) (or (N, Lq, M, D))
 
@@ -62,7 +61,7 @@ from decomposer.checks import FLOAT_TYPES, require_shape, require_type
 from decomposer.forms import Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from ._sampling import AFTER, BEFORE, Quads, bilinear_sample, positions, quad_table
+from ._sampling import bilinear_pixels, positions
 
 _INPUTS = (In("value"), In("spatial_shapes"), In("level_start_index"),
            In("sampling_locations"), In("attention_weights"))
@@ -192,37 +191,17 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
 
     value = computed("value", "value")
     batch = b.Shape(value, 0, 1, hint="batch")
-    # One quad table for every level, image-major: image n's rows start at n * sum(plane),
-    # level l's within them at offset[l] (no arithmetic on the run-time batch size).
-    tables: list[Value] = []
-    plane: list[int] = []  # rows per image of each level's table
-    offset: list[int] = []  # rows per image of the levels before
-    start = 0
-    for level, (height, width) in enumerate(facts.levels):
-        rows = b.Slice(value, [start], [start + height * width], [1], hint=f"level{level}")
-        start += height * width
-        image = b.Reshape(rows, b.Concat(batch, np.asarray([height, width, heads * channels]),
-                                         axis=0, hint=f"level{level}_shape"),
-                          hint=f"level{level}_map")  # (N, H, W, M*D)
-        bordered = b.Pad(image, [0, BEFORE, BEFORE, 0, 0, AFTER, AFTER, 0],
-                         np.asarray(0, dtype), hint=f"level{level}_bordered")
-        table, _ = quad_table(b, bordered, heads * channels, heads, hint=f"level{level}_quad")
-        tables.append(b.Reshape(table, b.Concat(batch, np.asarray([-1, 4 * channels]), axis=0,
-                                                hint=f"level{level}_per_image_shape"),
-                                hint=f"level{level}_per_image"))  # (N, rows_l, 4*D)
-        offset.append(sum(plane))
-        plane.append((height + 2) * (width + 2) * heads)
-    table = tables[0] if count == 1 else b.Concat(*tables, axis=1, hint="quad_table")
-    table = b.Reshape(table, [-1, 4 * channels], hint="quad_rows")
+    # value as gather rows of D channels: row ((n * S + pixel) * M + m), pixel = the level's
+    # start + y * W_l + x. No copy of the maps: the samples are far fewer than the pixels.
+    rows = b.Reshape(value, [-1, channels], hint="value_rows")
+    starts = [sum(h * w for h, w in facts.levels[:level]) for level in range(count)]
+    total = sum(h * w for h, w in facts.levels)
 
     def per_level(values: Sequence[float], kind: Any) -> np.ndarray:
         return np.asarray(values, kind).reshape(1, 1, count, 1, 1)
 
     sizes_h = per_level([h for h, _ in facts.levels], dtype)
     sizes_w = per_level([w for _, w in facts.levels], dtype)
-    quads = Quads(table, sizes_h, sizes_w,
-                  per_level([(w + 2) * heads for _, w in facts.levels], np.int64),
-                  None, heads, channels)
 
     # Points as (N, M, L, P, Lq): the point math broadcasts over whole rows of queries.
     locations = computed("sampling_locations", "locations")  # (N, Lq, M, L, P, 2)
@@ -246,12 +225,14 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
         weights = b.Reshape(weights, [0, 0, heads, count, points], hint="weights_levels")
     weights = b.Transpose(weights, [0, 2, 3, 4, 1], hint="weights_points")  # (N, M, L, P, Lq)
     image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
+    level_rows = per_level([start * heads for start in starts], np.int64)
     base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
-        * np.asarray(sum(plane), np.int64) + per_level(offset, np.int64) \
+        * np.asarray(total * heads, np.int64) + level_rows \
         + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
-    sampled = bilinear_sample(b, quads, y, x, base, weights,
-                              [batch, np.asarray([heads], np.int64), queries], hint="sample",
-                              perm=[0, 1, 4, 2, 3], summed=count * points)  # (N, M, Lq, D)
+    sampled = bilinear_pixels(b, rows, y, x, base, sizes_h, sizes_w, heads, channels,
+                              weights, [batch, np.asarray([heads], np.int64), queries],
+                              hint="sample", perm=[0, 1, 4, 2, 3],
+                              summed=count * points)  # (N, M, Lq, D)
     final = None if narrow else node.outputs[0]
     joined = b.Transpose(sampled, [0, 2, 1, 3], hint="heads_last",
                          out=final if facts.output_rank == 4 else None)  # (N, Lq, M, D)
