@@ -151,7 +151,8 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
 
 
 def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
-                    height: np.ndarray, width: np.ndarray, groups: int, group_channels: int,
+                    height: Value | np.ndarray, width: Value | np.ndarray, groups: int,
+                    group_channels: int,
                     scale: Value | None, sample_dims: list[Value | np.ndarray], hint: str,
                     perm: list[int], summed: int = 1) -> Value:
     """Bilinear samples gathered pixel by pixel from an image table with no border.
@@ -161,10 +162,10 @@ def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
     fewer than the pixels (deformable attention over large feature maps), a gather of the
     four corners straight from ``rows`` costs less than rebuilding the image. ``rows``:
     (images * H * W * groups, C/groups), row ``base + (y * W + x) * groups``; ``height``,
-    ``width``: constants broadcasting to S. A corner outside the image is clamped onto a
-    real pixel with weight 0 (so a non-finite pixel there would still poison the sum; the
-    quad table's zero border has no such corner). Other arguments as
-    :func:`bilinear_sample`.
+    ``width``: float sizes (constants or tensors) broadcasting to S. A corner outside the
+    image is clamped onto a real pixel with weight 0 (so a non-finite pixel there would
+    still poison the sum; the quad table's zero border has no such corner). Other arguments
+    as :func:`bilinear_sample`.
     """
     indices: list[list[Value]] = []
     weights: list[list[Value]] = []
@@ -183,7 +184,9 @@ def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
         indices.append(axis_index)
         weights.append(axis_weight)
     group_step = np.asarray(groups, np.int64)
-    row_step = np.asarray(width, np.int64) * group_step
+    row_step: Value | np.ndarray = np.asarray(width, np.int64) * group_step \
+        if isinstance(width, np.ndarray) else \
+        b.Cast(width, np.int64, hint=f"{hint}_width_i") * group_step
     corner_index, corner_weight = [], []
     for iy, wy in zip(indices[0], weights[0], strict=True):
         for ix, wx in zip(indices[1], weights[1], strict=True):

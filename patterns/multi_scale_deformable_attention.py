@@ -44,7 +44,9 @@ opset and target.
 
 Envelope: opsets 11+; value float16/32/64 (float16 computed in float32); N and Lq dynamic;
 M, D, L and P static; spatial_shapes and level_start_index constant (initializers or
-Constants: the common export); run-time spatial shapes are refused with that reason. Memory:
+Constants: the common export, folded into the graph) or computed at run time (from ``Shape``
+of the feature maps: read in the graph; level_start_index is then trusted to be the
+cumulative H*W, as the plugins trust it). Memory:
 the gathered corners are 4 * N * M * Lq * L * P * D elements.
 """
 
@@ -79,7 +81,8 @@ def _heads_joined(args: dict[str, Any]) -> dict[str, Any]:
 class Facts(NamedTuple):
     elem_type: int
     compute_type: int
-    levels: tuple[tuple[int, int], ...]  # (H, W) per level
+    levels: tuple[tuple[int, int], ...] | None  # (H, W) per level; None: read at run time
+    level_count: int  # L
     heads: int  # M
     channels: int  # D
     points: int  # P
@@ -109,22 +112,7 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
         if not isinstance(heads, int) or not isinstance(channels, int):
             raise Reject(f"value's heads and channels (M, D) must be static, got "
                          f"{list(value_shape)}")
-        shapes = ctx.constant(node.tensor("spatial_shapes"))
-        if shapes is None:
-            raise Reject("spatial_shapes must be a constant (an initializer or Constant): "
-                         "run-time level sizes are not supported")
-        if shapes.ndim != 2 or shapes.shape[1] != 2 or shapes.dtype.kind not in "iu":
-            raise Reject(f"spatial_shapes must be (L, 2) integers [H, W], got {shapes.dtype} "
-                         f"of shape {list(shapes.shape)}")
-        levels = tuple((int(h), int(w)) for h, w in shapes.tolist())
-        if any(h < 1 or w < 1 for h, w in levels):
-            raise Reject(f"every level needs H, W >= 1, got {[list(x) for x in levels]}")
-        starts = ctx.constant(node.tensor("level_start_index"))
-        expected = np.cumsum([0] + [h * w for h, w in levels[:-1]])
-        if starts is not None and (starts.shape != (len(levels),)
-                                   or not np.array_equal(starts, expected)):
-            raise Reject(f"level_start_index {starts.tolist()} does not match spatial_shapes "
-                         f"(expected {expected.tolist()})")
+        count, levels = _levels(node, ctx)
         for name in ("spatial_shapes", "level_start_index"):
             elem = ctx.elem_type(node.tensor(name))
             if elem is not None and elem not in _INDEX_TYPES:
@@ -137,7 +125,7 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
         if not isinstance(points, int) or loc_shape[5] != 2:
             raise Reject(f"sampling_locations must be (N, Lq, M, L, P, 2) with P static, got "
                          f"{list(loc_shape)}")
-        for axis, want, what in ((2, heads, "M"), (3, len(levels), "L")):
+        for axis, want, what in ((2, heads, "M"), (3, count, "L")):
             if isinstance(loc_shape[axis], int) and loc_shape[axis] != want:
                 raise Reject(f"sampling_locations has {loc_shape[axis]} for {what}; value and "
                              f"spatial_shapes say {want}")
@@ -145,12 +133,12 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
         require_type(ctx, weights, "attention_weights", (elem_type,))
         w_shape = require_shape(ctx, weights, "attention_weights",
                                 "(N, Lq, M, L, P) or (N, Lq, M, L*P)", 4, 5)
-        tail = [len(levels), points] if len(w_shape) == 5 else [len(levels) * points]
+        tail = [count, points] if len(w_shape) == 5 else [count * points]
         if any(isinstance(d, int) and d != t for d, t in zip(w_shape[3:], tail, strict=True)):
-            raise Reject(f"attention_weights {list(w_shape)} does not match L={len(levels)} "
+            raise Reject(f"attention_weights {list(w_shape)} does not match L={count} "
                          f"levels of P={points} points")
         compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
-        return Facts(elem_type, compute, levels, heads, channels, points, len(w_shape),
+        return Facts(elem_type, compute, levels, count, heads, channels, points, len(w_shape),
                      int(node.args["output_rank"]))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
@@ -176,6 +164,38 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
         return [out]
 
 
+def _levels(node: MatchedNode, ctx: MatchContext
+            ) -> tuple[int, tuple[tuple[int, int], ...] | None]:
+    """(L, the constant (H, W) of each level or None when they come at run time)."""
+    shapes_name = node.tensor("spatial_shapes")
+    shapes = ctx.constant(shapes_name)
+    if shapes is None:  # run time: only L must be static
+        static = ctx.shape(shapes_name)
+        locations = ctx.shape(node.tensor("sampling_locations"))
+        count = static[0] if static is not None and len(static) == 2 else None
+        if not isinstance(count, int) and locations is not None and len(locations) == 6:
+            count = locations[3]
+        if static is not None and (len(static) != 2 or static[1] not in (2, None, "2")):
+            raise Reject(f"spatial_shapes must be (L, 2) [H, W], got shape {list(static)}")
+        if not isinstance(count, int):
+            raise Reject("the number of levels L must be static (spatial_shapes' or "
+                         "sampling_locations' shape)")
+        return count, None
+    if shapes.ndim != 2 or shapes.shape[1] != 2 or shapes.dtype.kind not in "iu":
+        raise Reject(f"spatial_shapes must be (L, 2) integers [H, W], got {shapes.dtype} "
+                     f"of shape {list(shapes.shape)}")
+    levels = tuple((int(h), int(w)) for h, w in shapes.tolist())
+    if any(h < 1 or w < 1 for h, w in levels):
+        raise Reject(f"every level needs H, W >= 1, got {[list(x) for x in levels]}")
+    starts = ctx.constant(node.tensor("level_start_index"))
+    expected = np.cumsum([0] + [h * w for h, w in levels[:-1]])
+    if starts is not None and (starts.shape != (len(levels),)
+                               or not np.array_equal(starts, expected)):
+        raise Reject(f"level_start_index {starts.tolist()} does not match spatial_shapes "
+                     f"(expected {expected.tolist()})")
+    return len(levels), levels
+
+
 # -- the decomposition --------------------------------------------------------------------
 
 
@@ -183,7 +203,7 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
     dtype = numpy_dtype(facts.compute_type)
     narrow = facts.elem_type != facts.compute_type
     heads, channels, points = facts.heads, facts.channels, facts.points
-    count = len(facts.levels)
+    count = facts.level_count
 
     def computed(name: str, hint: str) -> Value:
         value = b.input(node.tensor(name), numpy_dtype(facts.elem_type))
@@ -194,14 +214,32 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
     # value as gather rows of D channels: row ((n * S + pixel) * M + m), pixel = the level's
     # start + y * W_l + x. No copy of the maps: the samples are far fewer than the pixels.
     rows = b.Reshape(value, [-1, channels], hint="value_rows")
-    starts = [sum(h * w for h, w in facts.levels[:level]) for level in range(count)]
-    total = sum(h * w for h, w in facts.levels)
 
     def per_level(values: Sequence[float], kind: Any) -> np.ndarray:
         return np.asarray(values, kind).reshape(1, 1, count, 1, 1)
 
-    sizes_h = per_level([h for h, _ in facts.levels], dtype)
-    sizes_w = per_level([w for _, w in facts.levels], dtype)
+    sizes_h: Value | np.ndarray
+    sizes_w: Value | np.ndarray
+    level_rows: Value | np.ndarray
+    image_rows: Value | np.ndarray
+    heads_i = np.asarray(heads, np.int64)
+    if facts.levels is not None:  # constants: folded into the graph
+        starts = [sum(h * w for h, w in facts.levels[:level]) for level in range(count)]
+        sizes_h = per_level([h for h, _ in facts.levels], dtype)
+        sizes_w = per_level([w for _, w in facts.levels], dtype)
+        level_rows = per_level([start * heads for start in starts], np.int64)
+        image_rows = np.asarray(sum(h * w for h, w in facts.levels) * heads, np.int64)
+    else:  # read at run time: (L, 2) [H, W] and (L,) starts, as (1, 1, L, 1, 1) each
+        grid = [1, 1, count, 1, 1]
+        shapes_f = b.Cast(b.input(node.tensor("spatial_shapes")), dtype, hint="shapes_f")
+        sizes_h = b.Reshape(b.Gather(shapes_f, 0, axis=1, hint="heights"), grid,
+                            hint="level_heights")
+        sizes_w = b.Reshape(b.Gather(shapes_f, 1, axis=1, hint="widths"), grid,
+                            hint="level_widths")
+        level_rows = b.Reshape(b.Cast(b.input(node.tensor("level_start_index")), np.int64,
+                                      hint="starts_i64"), grid, hint="level_starts") * heads_i
+        image_rows = b.Gather(b.Shape(value, 1, 2, hint="pixels"), 0, axis=0,
+                              hint="pixel_count") * heads_i
 
     # Points as (N, M, L, P, Lq): the point math broadcasts over whole rows of queries.
     locations = computed("sampling_locations", "locations")  # (N, Lq, M, L, P, 2)
@@ -225,9 +263,8 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
         weights = b.Reshape(weights, [0, 0, heads, count, points], hint="weights_levels")
     weights = b.Transpose(weights, [0, 2, 3, 4, 1], hint="weights_points")  # (N, M, L, P, Lq)
     image_index = positions(b, batch, 0, np.dtype(np.int64), hint="batch_index")  # (N,)
-    level_rows = per_level([start * heads for start in starts], np.int64)
-    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") \
-        * np.asarray(total * heads, np.int64) + level_rows \
+    base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") * image_rows \
+        + level_rows \
         + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
     sampled = bilinear_pixels(b, rows, y, x, base, sizes_h, sizes_w, heads, channels,
                               weights, [batch, np.asarray([heads], np.int64), queries],

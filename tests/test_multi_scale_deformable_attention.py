@@ -68,13 +68,14 @@ def msda_model(spelling, shapes, heads, channels, levels, points, dtype=np.float
               helper.make_tensor_value_info("locations", elem,
                                             ["N", "Lq", heads, levels, points, 2]),
               helper.make_tensor_value_info("weights", elem, weight_dims)]
-    initializers = [numpy_helper.from_array(starts, "starts")]
-    if runtime_shapes:
-        inputs.append(helper.make_tensor_value_info(
-            "shapes", FLOAT.get(index_type, TensorProto.INT64)
-            if index_type != np.int32 else TensorProto.INT32, [levels, 2]))
+    index_elem = TensorProto.INT32 if index_type == np.int32 else TensorProto.INT64
+    initializers = []
+    if runtime_shapes:  # fed at run time, as a graph computing them from Shape would
+        inputs += [helper.make_tensor_value_info("shapes", index_elem, [levels, 2]),
+                   helper.make_tensor_value_info("starts", index_elem, [levels])]
     else:
-        initializers.append(numpy_helper.from_array(np.array(shapes, index_type), "shapes"))
+        initializers += [numpy_helper.from_array(np.array(shapes, index_type), "shapes"),
+                         numpy_helper.from_array(starts, "starts")]
     attrs = {"im2col_step": 64} if spelling == "mmdeploy" else {}
     node = helper.make_node(op, ["value", "shapes", "starts", "locations", "weights"], ["y"],
                             name="msda", domain=domain, **attrs)
@@ -164,13 +165,33 @@ def _rejected(model) -> str:
     return str(caught.value)
 
 
+@pytest.mark.parametrize("index_type", [np.int64, np.int32])
+def test_run_time_spatial_shapes(index_type):
+    """One decomposed model serves feature maps of any size: the level sizes are inputs."""
+    rng = np.random.default_rng(8)
+    out = decomposer.decompose(msda_model("mmdeploy", [(1, 1)] * 3, 2, 4, 3, 2,
+                                          index_type=index_type, runtime_shapes=True))
+    onnx.checker.check_model(out, full_check=True)
+    for shapes in ([(6, 5), (3, 4), (1, 7)], [(2, 9), (1, 1), (4, 4)]):
+        value, locations, weights = make_inputs(rng, shapes, heads=2, channels=4, points=2)
+        starts = np.cumsum([0] + [h * w for h, w in shapes[:-1]]).astype(index_type)
+        got = run_onnxruntime(out, {"value": value, "locations": locations,
+                                    "weights": weights, "shapes": np.array(shapes, index_type),
+                                    "starts": starts})[0]
+        np.testing.assert_allclose(got, torch_msda(value, shapes, locations, weights),
+                                   atol=1e-5, rtol=1e-5)
+
+
 def test_rejections_name_the_node_and_the_reason():
     shapes = [(4, 5), (2, 3)]
-    why = _rejected(msda_model("mmdeploy", shapes, 3, 4, 2, 3, runtime_shapes=True))
-    assert "node 'msda'" in why and "spatial_shapes must be a constant" in why
+    model = msda_model("mmdeploy", shapes, 3, 4, 2, 3, runtime_shapes=True)
+    for index, axis in ((-2, 0), (1, 3), (2, 3)):  # shapes, locations, weights
+        model.graph.input[index].type.tensor_type.shape.dim[axis].dim_param = "L"
+    why = _rejected(model)
+    assert "node 'msda'" in why and "the number of levels L must be static" in why
 
     model = msda_model("trt", shapes, 3, 4, 2, 3)
-    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([0, 7], np.int64),
+    model.graph.initializer[1].CopyFrom(numpy_helper.from_array(np.array([0, 7], np.int64),
                                                                 "starts"))
     assert "level_start_index [0, 7] does not match spatial_shapes" in _rejected(model)
 
@@ -199,5 +220,19 @@ def portability_cases():
                                                 channels=4, points=2)
         feeds.append({"value": value, "locations": locations, "weights": weights})
         expected.append([torch_msda(value, shapes, locations, weights).astype(np.float32)])
-    return [{"id": "MultiScaleDeformableAttention 4 levels (mmdeploy)", "model": model,
-             "feeds": feeds, "expected": expected, "atol": 1e-5}]
+    cases = [{"id": "MultiScaleDeformableAttention 4 levels (mmdeploy)", "model": model,
+              "feeds": feeds, "expected": expected, "atol": 1e-5}]
+    # level sizes fed at run time (one model for every input size)
+    model = msda_model("trt", [(1, 1)] * 2, 2, 4, 2, 2, runtime_shapes=True)
+    feeds, expected = [], []
+    for shapes in ([(5, 4), (2, 3)], [(3, 7), (1, 2)]):
+        value, locations, weights = make_inputs(rng, shapes, n=1, queries=6, heads=2,
+                                                channels=4, points=2)
+        feeds.append({"value": value, "locations": locations, "weights": weights,
+                      "shapes": np.array(shapes, np.int64),
+                      "starts": np.array([0, shapes[0][0] * shapes[0][1]], np.int64)})
+        expected.append([torch_msda(value, shapes, locations, weights)
+                         .reshape(1, 6, 2, 4).astype(np.float32)])
+    cases.append({"id": "MultiScaleDeformableAttention run-time level sizes (TensorRT)",
+                  "model": model, "feeds": feeds, "expected": expected, "atol": 1e-5})
+    return cases
