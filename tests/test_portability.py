@@ -279,11 +279,15 @@ def representative_ids() -> frozenset[str]:
     return frozenset(first.values())
 
 
-def _sampled(case_id: str, engine: str, static: bool, *values: Any, id: str) -> Any:
+def _sampled(case_id: str, engine: str, static: bool, *values: Any, id: str,
+             opset_end: bool = False) -> Any:
     """A pytest param of (case_id, *values). The default run keeps TVM (static) for each
-    pattern's representative case; TVM's dynamic runs and the other cases' TVM runs are
-    marked exhaustive (``.ci/run`` runs them)."""
-    sampled_out = engine == "tvm" and (not static or case_id not in representative_ids())
+    pattern's representative case, and its opset ends on OpenVINO; TVM's dynamic runs, TVM
+    at the opset ends and every other case's TVM and opset-end runs are marked exhaustive
+    (``.ci/run`` runs them)."""
+    representative = case_id in representative_ids()
+    sampled_out = (not representative and (engine == "tvm" or opset_end)) or \
+        (engine == "tvm" and (not static or opset_end))
     return pytest.param(case_id, *values, marks=[pytest.mark.exhaustive] if sampled_out
                         else [], id=id)
 
@@ -437,7 +441,7 @@ def at_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto | None:
 
 
 @pytest.mark.parametrize("case_id, opset, engine, static", [
-    _sampled(c.id, "tvm", True, opset, engine, static,
+    _sampled(c.id, engine, static, opset, engine, static, opset_end=True,
              id=f"{c.id}-opset{opset}-{config_label(engine, static)}")
     for c in all_cases() if at_opset(c.model, OPSET) is not None
     for opset, engine, static in OPSET_CONFIGS])
