@@ -152,7 +152,7 @@ def bilinear_sample(b: Builder, image: Quads, y: Value, x: Value, base: Value,
 
 def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
                     height: Value | np.ndarray, width: Value | np.ndarray, groups: int,
-                    group_channels: int,
+                    group_channels: int | Value,
                     scale: Value | None, sample_dims: list[Value | np.ndarray], hint: str,
                     perm: list[int], summed: int = 1) -> Value:
     """Bilinear samples gathered pixel by pixel from an image table with no border.
@@ -198,12 +198,16 @@ def bilinear_pixels(b: Builder, rows: Value, y: Value, x: Value, base: Value,
                         [*perm, len(perm)], hint=f"{hint}_index_t")
     weight_all = b.Transpose(b.Concat(*corner_weight, axis=-1, hint=f"{hint}_weights"),
                              [*perm, len(perm)], hint=f"{hint}_weights_t")
+    # C/g may be a (1,) size read at run time
+    tail = np.asarray([group_channels], np.int64) if isinstance(group_channels, int) \
+        else group_channels
     taps = b.Gather(rows, index, axis=0, hint=f"{hint}_pixels")  # S' + (4, C/g)
-    taps = b.Reshape(taps, [-1, 4 * summed, group_channels], hint=f"{hint}_taps")
+    taps = b.Reshape(taps, b.Concat(np.asarray([-1, 4 * summed], np.int64), tail, axis=0,
+                                    hint=f"{hint}_taps_shape"), hint=f"{hint}_taps")
     weight_all = b.Reshape(weight_all, [-1, 1, 4 * summed], hint=f"{hint}_row")
     total = b.MatMul(weight_all, taps, hint=f"{hint}_sum")  # (samples, 1, C/g)
-    return b.Reshape(total, b.Concat(*sample_dims, np.asarray([group_channels], np.int64),
-                                     axis=0, hint=f"{hint}_shape"), hint=hint)
+    return b.Reshape(total, b.Concat(*sample_dims, tail, axis=0, hint=f"{hint}_shape"),
+                     hint=hint)
 
 
 def positions(b: Builder, dims: Value, axis: int, dtype: np.dtype, hint: str) -> Value:

@@ -79,12 +79,14 @@ def _heads_joined(args: dict[str, Any]) -> dict[str, Any]:
 
 
 class Facts(NamedTuple):
-    elem_type: int
+    elem_type: int  # of value and the output
+    locations_type: int
+    weights_type: int
     compute_type: int
     levels: tuple[tuple[int, int], ...] | None  # (H, W) per level; None: read at run time
     level_count: int  # L
     heads: int  # M
-    channels: int  # D
+    channels: int | None  # D, or None: read at run time
     points: int  # P
     weights_rank: int  # 5: (N, Lq, M, L, P); 4: (N, Lq, M, L*P)
     output_rank: int  # 3: (N, Lq, M*D); 4: (N, Lq, M, D)
@@ -107,18 +109,21 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         value = node.tensor("value")
         elem_type = require_type(ctx, value, "value", FLOAT_TYPES)
-        value_shape = require_shape(ctx, value, "value", "(N, S, M, D)", 4, 4)
-        heads, channels = value_shape[2], value_shape[3]
-        if not isinstance(heads, int) or not isinstance(channels, int):
-            raise Reject(f"value's heads and channels (M, D) must be static, got "
-                         f"{list(value_shape)}")
+        # Every spelling's value is (N, S, M, D): an unknown rank (a legacy export's Reshape
+        # to computed dims) is taken at its word; M must be static somewhere, D may come at
+        # run time.
+        value_shape = ctx.shape(value) or (None, None, None, None)
+        if len(value_shape) != 4:
+            raise Reject(f"value '{value}' must be (N, S, M, D), got rank {len(value_shape)}")
+        heads = _static_heads(node, ctx, value_shape)
+        channels = value_shape[3] if isinstance(value_shape[3], int) else None
         count, levels = _levels(node, ctx)
         for name in ("spatial_shapes", "level_start_index"):
             elem = ctx.elem_type(node.tensor(name))
             if elem is not None and elem not in _INDEX_TYPES:
                 raise Reject(f"{name} must be int32 or int64")
         locations = node.tensor("sampling_locations")
-        require_type(ctx, locations, "sampling_locations", (elem_type,))
+        loc_type = require_type(ctx, locations, "sampling_locations", FLOAT_TYPES)
         loc_shape = require_shape(ctx, locations, "sampling_locations",
                                   "(N, Lq, M, L, P, 2)", 6, 6)
         points = loc_shape[4]
@@ -130,15 +135,19 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
                 raise Reject(f"sampling_locations has {loc_shape[axis]} for {what}; value and "
                              f"spatial_shapes say {want}")
         weights = node.tensor("attention_weights")
-        require_type(ctx, weights, "attention_weights", (elem_type,))
+        weights_type = require_type(ctx, weights, "attention_weights", FLOAT_TYPES)
         w_shape = require_shape(ctx, weights, "attention_weights",
                                 "(N, Lq, M, L, P) or (N, Lq, M, L*P)", 4, 5)
         tail = [count, points] if len(w_shape) == 5 else [count * points]
         if any(isinstance(d, int) and d != t for d, t in zip(w_shape[3:], tail, strict=True)):
             raise Reject(f"attention_weights {list(w_shape)} does not match L={count} "
                          f"levels of P={points} points")
-        compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
-        return Facts(elem_type, compute, levels, count, heads, channels, points, len(w_shape),
+        # mixed float types (a legacy export's float64 locations) compute in the widest
+        compute = TensorProto.DOUBLE if TensorProto.DOUBLE in (elem_type, loc_type,
+                                                               weights_type) \
+            else TensorProto.FLOAT
+        return Facts(elem_type, loc_type, weights_type, compute, levels, count, heads,
+                     channels, points, len(w_shape),
                      int(node.args["output_rank"]))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
@@ -148,8 +157,9 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
                      ) -> list[OutputType]:
         loc = ctx.shape(node.tensor("sampling_locations"))
         batch, queries = (loc[0], loc[1]) if loc else (None, None)
-        tail = [facts.heads * facts.channels] if facts.output_rank == 3 \
-            else [facts.heads, facts.channels]
+        channels = facts.channels
+        tail = [facts.heads * channels if channels is not None else None] \
+            if facts.output_rank == 3 else [facts.heads, channels]
         return [(facts.elem_type, [batch, queries, *tail])]
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
@@ -162,6 +172,23 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
         if int(args["output_rank"]) == 4:
             out = out.reshape(*out.shape[:2], value.shape[2], value.shape[3])
         return [out]
+
+
+def _static_heads(node: MatchedNode, ctx: MatchContext, value_shape: Sequence[Any]) -> int:
+    """M, from value's, the locations' or the weights' static shape."""
+    candidates = [value_shape[2]]
+    for name in ("sampling_locations", "attention_weights"):
+        shape = ctx.shape(node.tensor(name))
+        if shape is not None and len(shape) >= 3:
+            candidates.append(shape[2])
+    known = {d for d in candidates if isinstance(d, int)}
+    if len(known) > 1:
+        raise Reject(f"value, sampling_locations and attention_weights disagree on the "
+                     f"number of heads M: {sorted(known)}")
+    if not known:
+        raise Reject("the number of heads M must be static (value's, sampling_locations' or "
+                     "attention_weights' dim 2); give them typed graph inputs or value_info")
+    return known.pop()
 
 
 def _levels(node: MatchedNode, ctx: MatchContext
@@ -205,15 +232,21 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
     heads, channels, points = facts.heads, facts.channels, facts.points
     count = facts.level_count
 
-    def computed(name: str, hint: str) -> Value:
-        value = b.input(node.tensor(name), numpy_dtype(facts.elem_type))
-        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
+    def computed(name: str, hint: str, elem_type: int) -> Value:
+        value = b.input(node.tensor(name), numpy_dtype(elem_type))
+        return b.Cast(value, dtype, hint=f"{hint}_compute") \
+            if elem_type != facts.compute_type else value
 
-    value = computed("value", "value")
+    value = computed("value", "value", facts.elem_type)
     batch = b.Shape(value, 0, 1, hint="batch")
     # value as gather rows of D channels: row ((n * S + pixel) * M + m), pixel = the level's
     # start + y * W_l + x. No copy of the maps: the samples are far fewer than the pixels.
-    rows = b.Reshape(value, [-1, channels], hint="value_rows")
+    # D: static, or (1,) read from value's Shape (a legacy export that lost value's shape)
+    depth: int | Value = channels if channels is not None else \
+        b.Shape(value, 3, 4, hint="channels")
+    rows = b.Reshape(value, [-1, channels] if channels is not None else
+                     b.Concat(np.asarray([-1], np.int64), depth, axis=0, hint="rows_shape"),
+                     hint="value_rows")
 
     def per_level(values: Sequence[float], kind: Any) -> np.ndarray:
         return np.asarray(values, kind).reshape(1, 1, count, 1, 1)
@@ -242,7 +275,8 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
                               hint="pixel_count") * heads_i
 
     # Points as (N, M, L, P, Lq): the point math broadcasts over whole rows of queries.
-    locations = computed("sampling_locations", "locations")  # (N, Lq, M, L, P, 2)
+    locations = computed("sampling_locations", "locations",
+                         facts.locations_type)  # (N, Lq, M, L, P, 2)
     queries = b.Shape(locations, 1, 2, hint="queries")
     # x and y by strided Slices of a 4-D view (onnx2tf's flatbuffer_direct lowers a 6-D
     # Split to a SLICE that LiteRT runs up to 5-D only)
@@ -258,7 +292,7 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
                     for start, name in ((0, "x"), (1, "y")))
     y = loc_y * sizes_h - 0.5  # align_corners=False: grid_sample's pixel of 2*loc - 1
     x = loc_x * sizes_w - 0.5
-    weights = computed("attention_weights", "weights")
+    weights = computed("attention_weights", "weights", facts.weights_type)
     if facts.weights_rank == 4:  # (N, Lq, M, L*P)
         weights = b.Reshape(weights, [0, 0, heads, count, points], hint="weights_levels")
     weights = b.Transpose(weights, [0, 2, 3, 4, 1], hint="weights_points")  # (N, M, L, P, Lq)
@@ -266,7 +300,7 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
     base = b.Unsqueeze(image_index, [1, 2, 3, 4], hint="image_row") * image_rows \
         + level_rows \
         + np.arange(heads, dtype=np.int64).reshape(1, heads, 1, 1, 1)
-    sampled = bilinear_pixels(b, rows, y, x, base, sizes_h, sizes_w, heads, channels,
+    sampled = bilinear_pixels(b, rows, y, x, base, sizes_h, sizes_w, heads, depth,
                               weights, [batch, np.asarray([heads], np.int64), queries],
                               hint="sample", perm=[0, 1, 4, 2, 3],
                               summed=count * points)  # (N, M, Lq, D)
@@ -275,7 +309,8 @@ def build_msda(b: Builder, node: MatchedNode, facts: Facts) -> None:
                          out=final if facts.output_rank == 4 else None)  # (N, Lq, M, D)
     if facts.output_rank == 3:
         joined = b.Reshape(joined, b.Concat(batch, queries,
-                                            np.asarray([heads * channels], np.int64), axis=0,
+                                            np.asarray([heads * channels if channels
+                                                        else -1], np.int64), axis=0,
                                             hint="out_shape"), hint="heads_joined", out=final)
     if narrow:
         b.Cast(joined, facts.elem_type, out=node.outputs[0])

@@ -146,6 +146,33 @@ def test_sizes_and_types(label, params):
                                atol=tolerance, rtol=tolerance)
 
 
+def test_value_of_unknown_shape_and_float64_locations():
+    """What a legacy export writes: value from a Reshape to computed dims (rank unknown, D
+    read at run time, M from the locations) and float64 locations (torch.linspace's
+    constant); the sum is computed in float64 and rounded to value's float32."""
+    rng = np.random.default_rng(6)
+    shapes = [(4, 5), (2, 3)]
+    model = msda_model("mmdeploy", shapes, 3, 4, 2, 3)
+    value_input = model.graph.input[0]
+    value_input.name = "value_flat"
+    value_input.type.tensor_type.shape.ClearField("dim")
+    value_input.type.tensor_type.shape.dim.add().dim_param = "flat"
+    model.graph.input[1].type.tensor_type.elem_type = TensorProto.DOUBLE
+    model.graph.node.insert(0, helper.make_node("Reshape", ["value_flat", "value_shape"],
+                                                ["value"], name="unflatten"))
+    model.graph.input.append(helper.make_tensor_value_info("value_shape", TensorProto.INT64,
+                                                           [4]))
+    out = decomposer.decompose(model)
+    value, locations, weights = make_inputs(rng, shapes)
+    got = run_onnxruntime(out, {"value_flat": value.reshape(-1),
+                                "value_shape": np.array(value.shape, np.int64),
+                                "locations": locations.astype(np.float64),
+                                "weights": weights})[0]
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, torch_msda(value, shapes, locations, weights),
+                               atol=1e-5, rtol=1e-5)
+
+
 def test_nan_locations_never_crash():
     rng = np.random.default_rng(4)
     shapes = [(4, 5), (2, 3)]
@@ -199,8 +226,9 @@ def test_rejections_name_the_node_and_the_reason():
     assert "sampling_locations has 3 for L" in _rejected(model)
 
     model = msda_model("mmdeploy", shapes, 3, 4, 2, 3)
-    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "M"
-    assert "heads and channels (M, D) must be static" in _rejected(model)
+    for index in (0, 1, 2):  # value, locations, weights
+        model.graph.input[index].type.tensor_type.shape.dim[2].dim_param = "M"
+    assert "the number of heads M must be static" in _rejected(model)
 
     model = msda_model("mmdeploy", shapes, 3, 4, 2, 3)
     del model.graph.input[1].type.tensor_type.shape.dim[:]
