@@ -101,7 +101,7 @@ class TypeTables:
         main: dict[str, onnx.TypeProto] = {}
         inferred = self._model
         try:
-            inferred = onnx.shape_inference.infer_shapes(light_copy(self._model))
+            inferred = _inferred(light_copy(self._model))
         except Exception as exc:  # inference is a best effort; declared types still count
             log.debug("shape inference failed, using declared types only: %s", exc)
         for graph in all_graphs(inferred.graph):
@@ -135,6 +135,46 @@ class TypeTables:
     def tensor_type(self, namespace: str, name: str) -> onnx.TypeProto.Tensor | None:
         tp = self._table(namespace).get(name)
         return tp.tensor_type if tp is not None else None
+
+
+def _inferred(light: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation, so that a Reshape to dims computed from
+    Shape (what torch's legacy exporter writes for ``x.view(n, s, m, d)``) keeps its static
+    dims. Reshape-13's inference ignores propagated data; below opset 14 inference runs a
+    second time with the default opset read as 14 (Reshape-14 is Reshape-13 plus
+    ``allowzero``, off by default), filling only what the first pass left unknown."""
+    inferred = onnx.shape_inference.infer_shapes(light, data_prop=True)
+    opset = next((entry.version for entry in light.opset_import
+                  if entry.domain in ("", "ai.onnx")), 0)
+    if not 0 < opset < 14:
+        return inferred
+    probe = onnx.ModelProto()
+    probe.CopyFrom(light)
+    for entry in probe.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            entry.version = 14
+    try:
+        bumped = onnx.shape_inference.infer_shapes(probe, data_prop=True)
+    except Exception as exc:  # best effort: keep what the model's own opset gave
+        log.debug("opset-14 shape inference failed: %s", exc)
+        return inferred
+    known = {value.name: value for value in inferred.graph.value_info}
+    for value in bumped.graph.value_info:
+        mine = known.get(value.name)
+        if mine is None or _unknown_dims(mine) > _unknown_dims(value):
+            if mine is not None:
+                mine.CopyFrom(value)
+            else:
+                inferred.graph.value_info.append(value)
+    return inferred
+
+
+def _unknown_dims(value: onnx.ValueInfoProto) -> int:
+    """How much of a value's type is unknown (no shape: more than any rank)."""
+    tensor = value.type.tensor_type
+    if not tensor.HasField("shape"):
+        return 1 << 20
+    return sum(1 for dim in tensor.shape.dim if not dim.HasField("dim_value"))
 
 
 def function_label(function: onnx.FunctionProto) -> str:
