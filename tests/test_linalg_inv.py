@@ -332,10 +332,10 @@ def test_zero_size_matrices():
     (["B", 3, 3], TensorProto.INT32, "must be float32 or float64"),
     (["B", 3, 3], TensorProto.FLOAT16, "must be float32 or float64"),
     ([3], TensorProto.FLOAT, "rank >= 2"),
-    (None, TensorProto.FLOAT, "shape of A 'A' is unknown"),
+    (None, TensorProto.FLOAT, "matrix size of A is not static"),
 ])
 def test_rejections_name_the_node_and_reason(dims, elem, reason):
-    if dims is None:  # fed by a Reshape to a run-time shape: rank unknown
+    if dims is None:  # fed by a Reshape to a run-time shape: rank 3, every dim unknown
         inputs = [helper.make_tensor_value_info("flat", elem, ["N"]),
                   helper.make_tensor_value_info("shape", TensorProto.INT64, [3])]
         nodes = [helper.make_node("Reshape", ["flat", "shape"], ["A"], name="reshape")]
