@@ -222,6 +222,15 @@ def test_rejections_name_the_node_and_the_reason():
                                                                 "starts"))
     assert "level_start_index [0, 7] does not match spatial_shapes" in _rejected(model)
 
+    model = msda_model("mmdeploy", shapes, 3, 4, 2, 3)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(
+        np.array([[4, 5, 1], [2, 3, 1]], np.int64), "shapes"))
+    assert "spatial_shapes must be (L, 2) integers [H, W]" in _rejected(model)
+
+    model = msda_model("mmdeploy", shapes, 3, 4, 2, 3)
+    model.graph.input[1].type.tensor_type.shape.dim[4].dim_param = "P"
+    assert "with P static" in _rejected(model)
+
     model = msda_model("mmdeploy", shapes, 3, 4, 3, 3)  # locations say 3 levels
     assert "sampling_locations has 3 for L" in _rejected(model)
 
