@@ -79,11 +79,19 @@ from decomposer.checks import FLOAT_TYPES, require_type
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._sampling import (
+    CUBIC_A,
+    clamp,
+    finite,
+    grid_sample_reference,
+    reflect,
+    split_pieces,
+)
+
 MODES = ("bilinear", "nearest", "bicubic")  # torch's integer codes 0, 1, 2
 PADDINGS = ("zeros", "border", "reflection")  # torch's integer codes 0, 1, 2
 _MODE_ALIASES = {"linear": "bilinear", "cubic": "bicubic"}  # GridSample-20 spellings
 
-CUBIC_A = -0.75  # torch's cubic convolution constant (UpSampleBicubic2d)
 TAP_OFFSETS = {"nearest": (0,), "bilinear": (0, 1), "bicubic": (-1, 2, 0, 1)}
 # Chunking, measured on ONNX Runtime 1.32 at 1 thread (scripts/bench_grid_sample.py):
 MIN_CHUNKED_CHANNELS = 8  # a static C from 8 on is gathered in channel chunks ...
@@ -370,7 +378,7 @@ def build_grid_sample(b: Builder, x_name: str, grid_name: str, out: str, facts: 
     # first are all equal ((N, C, S) with S == C, e.g. 16 channels of 4x4) for channels-last
     # and moves its Slice axis (1 -> last), slicing S; the 1 keeps the dims unequal.
     x_flat = b.Reshape(x, [0, 0, 1, -1], hint="x_flat")  # (N, C, 1, S)
-    pieces = _split(b, x_flat, chunks, 1, "x_chunks") if len(chunks) > 1 else [x_flat]
+    pieces = split_pieces(b, x_flat, chunks, 1, "x_chunks") if len(chunks) > 1 else [x_flat]
     cast = facts.compute_type != facts.x_type
     results = []
     for number, piece in enumerate(pieces):
@@ -479,25 +487,25 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         weights = ((t * c3 + c2) * t + c1) * t + c0
         if padded:
             shifted_offsets = [offset + PAD_BEFORE for offset in offsets]
-            taps = _clamp(b, _finite(b, floor, -one) + tap_constant(shifted_offsets), zero,
+            taps = clamp(b, finite(b, floor, -one) + tap_constant(shifted_offsets), zero,
                           padded_top, hint=f"taps{position}")
             return _Axis(position, taps, weights, None)
         if facts.padding == "border":  # NaN replaced once per point, not per tap (the
             # weights stay NaN); +-inf is clipped
-            taps = _finite(b, floor, zero) + tap_constant(offsets)
-            return _Axis(position, _clamp(b, taps, zero, top, hint=f"taps{position}"),
+            taps = finite(b, floor, zero) + tap_constant(offsets)
+            return _Axis(position, clamp(b, taps, zero, top, hint=f"taps{position}"),
                          weights, None)
         taps = floor + tap_constant(offsets)
         if facts.padding == "zeros":
             return _masked_taps(b, taps, weights, top, position, k)
-        taps = _reflect(b, taps, n, top, facts.align_corners, dtype)
-        taps = _clamp(b, _finite(b, taps, zero), zero, top, hint=f"taps{position}")
+        taps = reflect(b, taps, n, top, facts.align_corners, dtype)
+        taps = clamp(b, finite(b, taps, zero), zero, top, hint=f"taps{position}")
         return _Axis(position, taps, weights, None)
 
     if facts.padding == "border":
-        u = _clamp(b, _finite(b, u, nan_to), zero, top, hint=f"u{position}")
+        u = clamp(b, finite(b, u, nan_to), zero, top, hint=f"u{position}")
     elif facts.padding == "reflection":
-        u = _clamp(b, _finite(b, _reflect(b, u, n, top, facts.align_corners, dtype), nan_to),
+        u = clamp(b, finite(b, reflect(b, u, n, top, facts.align_corners, dtype), nan_to),
                    zero, top, hint=f"u{position}")
 
     if facts.mode == "nearest":
@@ -505,10 +513,10 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         if facts.padding != "zeros":
             return _Axis(position, nearest, None, None)
         if padded:  # outside (and NaN) -> a zero of the border
-            taps = _clamp(b, _finite(b, nearest, -one) + PAD_BEFORE, zero, padded_top,
+            taps = clamp(b, finite(b, nearest, -one) + PAD_BEFORE, zero, padded_top,
                           hint=f"taps{position}")
             return _Axis(position, taps, None, None)
-        valid = b.Equal(_clamp(b, nearest, zero, top), nearest)  # NaN: False
+        valid = b.Equal(clamp(b, nearest, zero, top), nearest)  # NaN: False
         taps = b.Where(valid, nearest, zero, hint=f"taps{position}")
         return _Axis(position, taps, None, valid)
 
@@ -517,7 +525,7 @@ def _axis(b: Builder, g: Value, n: Value, position: int, k: int, facts: Facts,
         # lands on a pixel; beyond, both taps read zeros. NaN reads zeros too, and its
         # weights stay NaN (torch's 2-D kernel) or not (its 3-D kernel gives 0).
         shifted = u  # already in padded coordinates
-        clipped = _clamp(b, _finite(b, shifted, zero), zero, padded_top, hint=f"u{position}")
+        clipped = clamp(b, finite(b, shifted, zero), zero, padded_top, hint=f"u{position}")
         floor = b.Floor(clipped, hint=f"floor{position}")
         fraction = clipped - floor
         if k == 2:
@@ -553,205 +561,13 @@ def _masked_taps(b: Builder, taps: Value, weights: Value, top: Value, position: 
     """Zeros padding on an unpadded input: taps outside [0, n-1] read index 0, weight 0."""
     dtype = taps.dtype
     zero = np.asarray(0, dtype)
-    valid = b.Equal(_clamp(b, taps, zero, top), taps, hint=f"valid{position}")  # NaN: False
+    valid = b.Equal(clamp(b, taps, zero, top), taps, hint=f"valid{position}")  # NaN: False
     safe = b.Where(valid, taps, zero, hint=f"taps{position}")
     if k == 2:  # torch's 2-D kernel multiplies: a NaN weight stays NaN
         weights = weights * b.Cast(valid, dtype)
     else:  # its 3-D kernel skips out-of-range taps: their NaN weight is dropped
         weights = b.Where(valid, weights, zero)
     return _Axis(position, safe, weights, None)
-
-
-def _reflect(b: Builder, u: Value, n: Value, top: Value, align_corners: bool,
-             dtype: np.dtype) -> Value:
-    """torch's reflect_coordinates: fold u into [low, low + span] (before the clip).
-
-    align_corners: low 0, span n-1 (n = 1 folds everything to a point the clip makes 0);
-    otherwise: low -0.5, span n.
-    """
-    if align_corners:
-        twice_span = b.Max(top * np.asarray(2, dtype), np.asarray(1, dtype))
-        distance = b.Abs(u)
-    else:
-        twice_span = n * np.asarray(2, dtype)
-        distance = b.Abs(u + np.asarray(0.5, dtype))
-    extra = distance - b.Floor(distance / twice_span) * twice_span
-    folded = b.Min(extra, twice_span - extra)
-    return folded if align_corners else folded - np.asarray(0.5, dtype)
-
-
-def _clamp(b: Builder, x: Value, low: Any, high: Value, hint: str | None = None) -> Value:
-    """x clipped to [low (a constant), high (a run-time value)].
-
-    Spelled Min(Clip(x, low), high): onnx2torch converts Clip only with constant bounds.
-    Engines' Min and Clip may differ on NaN, so every caller clamps a NaN-free x (after
-    _finite), or only compares the result with x by Equal, which is False for a NaN x
-    whatever the clamp gives.
-    """
-    return b.Min(b.Clip(x, low), high, hint=hint)
-
-
-def _split(b: Builder, x: Value, sizes: list[int], axis: int, hint: str) -> list[Value]:
-    """Split(x, sizes, axis) spelled as one Slice per piece (as fast on ONNX Runtime): onnx2tf's
-    tf_converter lowers a Split whose sizes are a Constant node to Flex SplitV, which LiteRT's
-    builtin interpreter cannot run. ``sizes`` sum to the axis' static size.
-
-    The first piece starts at -total, not 0 (the same element): OpenVINO 2026.4's CPU plugin
-    drops a Slice that starts at 0 in front of a GatherElements, whose shape check then fails.
-    """
-    starts = np.cumsum([0, *sizes[:-1]]).tolist()
-    starts[0] = -sum(sizes)
-    ends = np.cumsum(sizes).tolist()
-    return [b.Slice(x, [start], [end], [axis], hint=f"{hint}{number}")
-            for number, (start, end) in enumerate(zip(starts, ends, strict=True))]
-
-
-def _finite(b: Builder, u: Value, replacement: Any) -> Value:
-    """u with NaN replaced (so it can become an index); +-inf is left to the clip."""
-    return b.Where(b.IsNaN(u), replacement, u)
-
-
-# -- the numpy reference ---------------------------------------------------------------------
-
-
-def grid_sample_reference(x: np.ndarray, grid: np.ndarray, mode: str = "bilinear",
-                          padding: str = "zeros", align_corners: bool = False) -> np.ndarray:
-    """numpy reference of torch.nn.functional.grid_sample (its CPU kernels), any float type.
-
-    Coordinates are computed in float32 (float64 if X or the grid is float64), as torch
-    computes them, so nearest ties round the same way; the sum is taken in float64.
-    """
-    x = np.asarray(x)
-    grid = np.asarray(grid)
-    k = x.ndim - 2
-    if grid.ndim != k + 2 or grid.shape[-1] != k or k not in (2, 3):
-        raise ValueError(f"grid {grid.shape} does not fit input {x.shape}")
-    coord_type = np.float64 if np.float64 in (x.dtype, grid.dtype) else np.float32
-    batch, channels = x.shape[:2]
-    in_sizes = x.shape[2:]
-    out_sizes = grid.shape[1:-1]
-    points = int(np.prod(out_sizes))
-    flat_grid = grid.reshape(batch, points, k).astype(coord_type)
-    values = x.reshape(batch, channels, -1).astype(np.float64)
-    result = np.zeros((batch, channels, points), np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        # Per spatial axis (D/H/W order): unnormalized coordinates, (batch, points).
-        coords = []
-        for position, n in enumerate(in_sizes):
-            g = flat_grid[..., k - 1 - position]
-            coords.append(_unnormalize(g, n, align_corners, coord_type))
-        if mode == "bicubic":
-            taps_per_axis = [_cubic_taps(c, n, padding, align_corners, coord_type)
-                             for c, n in zip(coords, in_sizes, strict=True)]
-        else:
-            padded = [_pad_coordinate(c, n, padding, align_corners, k, coord_type)
-                      for c, n in zip(coords, in_sizes, strict=True)]
-            if mode == "nearest":
-                taps_per_axis = [[(np.round(c), np.ones_like(c))] for c in padded]
-            else:
-                taps_per_axis = [_linear_taps(c) for c in padded]
-        strides = [int(np.prod(in_sizes[position + 1:])) for position in range(k)]
-        for combo in np.ndindex(*[len(t) for t in taps_per_axis]):
-            inside = np.ones((batch, points), bool)
-            flat = np.zeros((batch, points), np.int64)
-            weight = np.ones((batch, points), np.float64)
-            for position, tap_index in enumerate(combo):
-                coordinate, tap_weight = taps_per_axis[position][tap_index]
-                as_int = _to_index(coordinate)
-                inside &= (as_int >= 0) & (as_int < in_sizes[position])
-                flat += np.where(inside, as_int, 0) * strides[position]
-                weight = weight * tap_weight.astype(np.float64)
-            flat = np.where(inside, flat, 0)
-            sampled = np.take_along_axis(values, np.broadcast_to(flat[:, None, :], (
-                batch, channels, points)), axis=2)
-            if k == 2 and mode != "nearest":
-                # torch's 2-D kernel gathers 0 outside and multiplies (NaN weights stay NaN).
-                result += np.where(inside[:, None, :], sampled, 0.0) * weight[:, None, :]
-            else:
-                # torch's 3-D kernel and nearest skip out-of-range taps.
-                result += np.where(inside[:, None, :], sampled * weight[:, None, :], 0.0)
-    return result.reshape(batch, channels, *out_sizes).astype(x.dtype)
-
-
-def _to_index(coordinate: np.ndarray) -> np.ndarray:
-    """Float coordinate -> int64 the way C++ truncates; NaN and huge values become an
-    out-of-range sentinel (torch's conversion gives INT_MIN there)."""
-    finite = np.isfinite(coordinate) & (np.abs(coordinate) < 2.0**62)
-    return np.where(finite, np.trunc(np.where(finite, coordinate, 0)), -(2**62)).astype(
-        np.int64)
-
-
-def _unnormalize(g: np.ndarray, n: int, align_corners: bool, dtype: type) -> np.ndarray:
-    one, half = dtype(1), dtype(0.5)
-    if align_corners:
-        return ((g + one) * (dtype(n - 1) / dtype(2))).astype(dtype)
-    return ((g + one) * (dtype(n) / dtype(2)) - half).astype(dtype)
-
-
-def _reflect_coordinate(c: np.ndarray, n: int, align_corners: bool, dtype: type
-                        ) -> np.ndarray:
-    """torch's reflect_coordinates with twice_low/twice_high as in grid_sampler_compute."""
-    if align_corners:
-        if n <= 1:
-            return np.zeros_like(c)
-        low, span = dtype(0), dtype(n - 1)
-    else:
-        low, span = dtype(-0.5), dtype(n)
-    distance = np.abs(c - low)
-    extra = np.fmod(distance, span)
-    flips = np.floor(distance / span)
-    even = np.mod(np.where(np.isfinite(flips), flips, 0), 2) == 0
-    return np.where(even, extra + low, span - extra + low).astype(dtype)
-
-
-def _clip_coordinate(c: np.ndarray, n: int, nan_to: float, dtype: type) -> np.ndarray:
-    clipped = np.minimum(np.maximum(c, dtype(0)), dtype(n - 1))
-    return np.where(np.isnan(c), dtype(nan_to), clipped).astype(dtype)
-
-
-def _pad_coordinate(c: np.ndarray, n: int, padding: str, align_corners: bool, k: int,
-                    dtype: type) -> np.ndarray:
-    """Border/reflection padding of the coordinate; NaN goes where torch's kernel sends it
-    (2-D: 0, 3-D: n - 1)."""
-    nan_to = 0.0 if k == 2 else float(n - 1)
-    if padding == "border":
-        return _clip_coordinate(c, n, nan_to, dtype)
-    if padding == "reflection":
-        return _clip_coordinate(_reflect_coordinate(c, n, align_corners, dtype), n, nan_to,
-                                dtype)
-    return c
-
-
-def _linear_taps(c: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    low = np.floor(c)
-    frac = c - low
-    return [(low, 1 - frac), (low + 1, frac)]
-
-
-def _cubic_taps(c: np.ndarray, n: int, padding: str, align_corners: bool, dtype: type
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The 4 taps of torch's bicubic kernel along one axis, each padded on its own."""
-    a = dtype(CUBIC_A)
-    low = np.floor(c)
-    t = c - low
-
-    def outer(d: np.ndarray) -> np.ndarray:  # 1 < d < 2
-        return ((a * d - dtype(5) * a) * d + dtype(8) * a) * d - dtype(4) * a
-
-    def inner(d: np.ndarray) -> np.ndarray:  # d <= 1
-        return ((a + dtype(2)) * d - (a + dtype(3))) * d * d + dtype(1)
-
-    coefficients = [outer(t + dtype(1)), inner(t), inner(dtype(1) - t), outer(dtype(2) - t)]
-    taps: list[tuple[np.ndarray, np.ndarray]] = []
-    for offset, coefficient in zip((-1, 0, 1, 2), coefficients, strict=True):
-        tap = low + dtype(offset)
-        if padding == "border":
-            tap = _clip_coordinate(tap, n, 0.0, dtype)
-        elif padding == "reflection":
-            tap = _clip_coordinate(_reflect_coordinate(tap, n, align_corners, dtype), n, 0.0,
-                                   dtype)
-        taps.append((tap, coefficient.astype(dtype)))
-    return taps
 
 
 PATTERNS = [GridSample()]
