@@ -759,6 +759,17 @@ class Builder:
                out: str | None = None) -> Value:
         return self._arg("ArgMin", x, axis, keepdims, select_last_index, hint, out)
 
+    def Reverse(self, x: Operand, axis: int, *, hint: str | None = None,
+                out: str | None = None) -> Value:
+        """x reversed along ``axis``: a Gather of (n - 1) - Range(0, n, 1), whole slices at
+        once. Not a Slice with step -1 (onnx2tf turns some into Identity), and not a Gather
+        of Range(n - 1, -1, -1): ONNX Runtime 1.32 rewrites that into an empty Slice."""
+        value = self._operand(x, None, "reverse_in")
+        label = hint or "reversed"
+        n = self.Gather(self.Shape(value, hint=f"{label}_shape"), axis, hint=f"{label}_n")
+        positions = (n - 1) - self.Range(0, n, 1, hint=f"{label}_positions")
+        return self.Gather(value, positions, axis=axis, hint=hint, out=out)
+
     def _arg(self, op_type: str, x: Operand, axis: int, keepdims: bool, last: bool,
              hint: str | None, out: str | None) -> Value:
         """ArgMax/ArgMin as int64; ``select_last_index`` exists from opset 12, and below it
@@ -769,10 +780,7 @@ class Builder:
             return self.op(op_type, value, axis=axis, keepdims=int(keepdims), hint=hint,
                            out=out, dtype=np.int64, **attrs)
         n = self.Gather(self.Shape(value), axis, hint="arg_n")
-        # (n - 1) - Range(0, n, 1), not Range(n - 1, -1, -1): ONNX Runtime 1.32 rewrites a
-        # Gather by a descending Range into an (empty) Slice.
-        reverse = (n - 1) - self.Range(0, n, 1, hint="arg_positions")
-        first = self.op(op_type, self.Gather(value, reverse, axis=axis, hint="arg_reversed"),
+        first = self.op(op_type, self.Reverse(value, axis, hint="arg_reversed"),
                         axis=axis, keepdims=int(keepdims), dtype=np.int64)
         return self.Sub(n - 1, first, hint=hint, out=out)
 

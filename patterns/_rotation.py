@@ -103,10 +103,8 @@ def build_rotation(b: Builder, x: str, out: str, facts: RotationFacts) -> None:
     rotated_out = None if scaled else out  # the last rotation op writes `out` if no Mul follows
 
     def flip_rows(v: Value, hint: str, out: str | None = None) -> Value:
-        """v reversed along axis -2: a Gather of (n-1) - Range(0, n, 1), whole rows at once."""
-        n = b.Gather(b.Shape(v, hint=f"{hint}_shape"), rows_axis, hint=f"{hint}_n")
-        reversed_index = (n - 1) - b.Range(0, n, 1, hint=f"{hint}_range")
-        return b.Gather(v, reversed_index, axis=rows_axis, hint=hint, out=out)
+        """v reversed along axis -2 (whole rows at once)."""
+        return b.Reverse(v, rows_axis, hint=hint, out=out)
 
     def swap(v: Value, hint: str, out: str | None = None) -> Value:
         return b.Transpose(v, swap_last_two, hint=hint, out=out)

@@ -152,14 +152,8 @@ class Rot90(Pattern[Rot90Facts]):
 
 
 def _flip(b: Builder, x: Value, axis: int, hint: str, out: str | None = None) -> Value:
-    """x reversed along ``axis``: a Gather of (n - 1) - Range(0, n, 1).
-
-    Not Range(n - 1, -1, -1): ONNX Runtime 1.32's GatherToSlice fusion rewrites a Gather of
-    that Range into Slice(n - 1, -1, -1), whose end -1 means the last element, so it
-    returns an empty tensor (measured: shape (0, ...) at the default optimization level)."""
-    n = b.Gather(b.Shape(x, hint=f"{hint}_shape"), axis, hint=f"{hint}_n")
-    reversed_index = (n - 1) - b.Range(0, n, 1, hint=f"{hint}_positions")
-    return b.Gather(x, reversed_index, axis=axis, hint=hint, out=out)
+    """x reversed along ``axis`` (the builder's portable Reverse)."""
+    return b.Reverse(x, axis, hint=hint, out=out)
 
 
 PATTERNS = [Rot90()]
