@@ -129,8 +129,10 @@ class TypeTables:
         """Remember a rewritten node's output type, unless inference already knows it."""
         table = self._table(namespace)
         if name not in table:
-            table[name] = onnx.helper.make_tensor_type_proto(
-                elem_type or 0, None if shape is None else list(shape))
+            # a dim name that is not text (undecodable bytes in a damaged model) is unknown
+            dims = None if shape is None else \
+                [d if isinstance(d, (int, str)) else None for d in shape]
+            table[name] = onnx.helper.make_tensor_type_proto(elem_type or 0, dims)
 
     def tensor_type(self, namespace: str, name: str) -> onnx.TypeProto.Tensor | None:
         tp = self._table(namespace).get(name)
