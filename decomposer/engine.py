@@ -281,6 +281,7 @@ def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:
                                     "(custom ops are decomposed without asking)")
         if registry.lookup(onnx.helper.make_node(op_type, [], [])) is None:
             choices = sorted({op for entry in registry for form in entry.pattern.spellings()
+                              if form.domains is None or "" in form.domains
                               for op in form.op_types if onnx.defs.has(op)})
             raise InvalidModelError(f"cannot lower {op_type!r}: no pattern rewrites it"
                                     + (f" (lowerable: {', '.join(choices)})" if choices else ""))
