@@ -486,6 +486,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linalg", action="store_true",
                         help="also run the linear algebra section (scripts/bench_linalg.py: "
                              "inverse, linalg_inv_ex, solve, attention; its own JSON)")
+    parser.add_argument("--deform", action="store_true",
+                        help="also run the DeformConv section (scripts/bench_deform_conv.py: "
+                             "against ORT's DeformConv-19 and a naive gather form, 1 thread, "
+                             "peak memory; its own JSON)")
+    parser.add_argument("--msda", action="store_true",
+                        help="also run the multi-scale deformable attention section "
+                             "(scripts/bench_msda.py: against the GridSample-per-level export; "
+                             "its own JSON)")
     parser.add_argument("--budget", action="store_true",
                         help="also split the 2-D STN cases: GridSample fed the grid, plus "
                              "native AffineGrid-20, plus the same behind 28 trivial nodes, plus "
@@ -528,6 +536,12 @@ def main(argv: list[str] | None = None) -> int:
             module = __import__(module_name)
             print()
             module.main(["--rounds", str(rounds), "--threads", *threads, "--json",
+                         str(Path(args.json).with_name(f"{module_name}.json"))])
+    for wanted, module_name in ((args.deform, "bench_deform_conv"), (args.msda, "bench_msda")):
+        if wanted:
+            module = __import__(module_name)
+            print()
+            module.main(["--rounds", str(min(rounds, 9)), "--json",
                          str(Path(args.json).with_name(f"{module_name}.json"))])
     rotation = []
     if args.rotation:
