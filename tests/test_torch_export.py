@@ -22,6 +22,8 @@ from torch.export import Dim
 
 import decomposer
 import decomposer.torch as dtorch
+import decomposer.torch.inputs as dinputs
+import decomposer.torch.probe
 
 from seed_models import ClassicSTN, CustomAffineGrid, CustomRotateScale, SpatialTransformer
 
@@ -123,7 +125,7 @@ def test_plain_torch_export_freezes_what_decomposer_keeps_dynamic(tmp_path, monk
     assert got.shape == (1, 9, 7, 2)
     # ... and, given torch's own export (no pattern to route to), refuses it before
     # anything is written.
-    monkeypatch.setattr(dtorch, "_pattern_rewrites",
+    monkeypatch.setattr(dtorch.probe, "pattern_rewrites",
                         functools.lru_cache(lambda *args, **kwargs: False))
     with pytest.raises(dtorch.ExportError, match=r"input 'x' dim 2 .*fixed it to 16"):
         dtorch.export(AffineGridOfInput().eval(), args, tmp_path / "frozen.onnx", opset_version=18,
@@ -325,36 +327,36 @@ class TwoInputs(nn.Module):
 
 def test_declared_dims_from_every_spelling():
     args = (torch.zeros(2, 3, 16, 20), torch.zeros(2, 2, 3))
-    leaves = dtorch._input_leaves(TwoInputs(), args, {})
+    leaves = dinputs.input_leaves(TwoInputs(), args, {})
     batch = Dim("batch", min=2, max=64)
     spellings = [
         {"image": {0: batch, 2: "h", 3: Dim.AUTO}, "theta": {0: batch}},
         ({0: batch, 2: "h", 3: Dim.DYNAMIC}, [batch, None, None]),
     ]
     for spec in spellings:
-        dims = dtorch._declared_dynamic(leaves, spec, None, None)
+        dims = dinputs.declared_dynamic(leaves, spec, None, None)
         assert [(d.label, d.dim) for d in dims] == [("image", 0), ("image", 2), ("image", 3),
                                                     ("theta", 0)]
         assert dims[0].group == dims[3].group == "batch" and dims[0].high == 64
-    legacy = dtorch._declared_dynamic(leaves, None, {"img": {2: "h"}, "th": [0]},
+    legacy = dinputs.declared_dynamic(leaves, None, {"img": {2: "h"}, "th": [0]},
                                       ["img", "th"])
     assert [(d.label, d.dim, d.group) for d in legacy] == [("image", 2, "h"),
                                                            ("theta", 0, "th_dim0")]
-    assert dtorch._declared_dynamic(leaves, {"image": {1: Dim.STATIC}}, None, None) == []
+    assert dinputs.declared_dynamic(leaves, {"image": {1: Dim.STATIC}}, None, None) == []
 
 
 def test_second_input_set_changes_every_declared_dim_consistently():
     args = (torch.randn(2, 3, 16, 20), torch.randn(2, 2, 3))
-    leaves = dtorch._input_leaves(TwoInputs(), args, {})
-    dims = dtorch._declared_dynamic(leaves, {"image": {0: "n", 2: "h", 3: "w"},
+    leaves = dinputs.input_leaves(TwoInputs(), args, {})
+    dims = dinputs.declared_dynamic(leaves, {"image": {0: "n", 2: "h", 3: "w"},
                                              "theta": {0: "n"}}, None, None)
-    values, changes = dtorch._second_inputs(leaves, dims, seed=0)
+    values, changes = dinputs.second_inputs(leaves, dims, seed=0)
     assert [tuple(v.shape) for v in values] == [(4, 3, 32, 24), (4, 2, 3)]
     assert changes == ["image[0]: 2 -> 4", "image[2]: 16 -> 32", "image[3]: 20 -> 24",
                        "theta[0]: 2 -> 4"]
-    assert dtorch._second_size(7, 2, None) == 8
-    assert dtorch._second_size(64, 2, 64) == 48  # respects Dim max
-    assert dtorch._second_size(2, 2, 2) is None
+    assert dinputs.second_size(7, 2, None) == 8
+    assert dinputs.second_size(64, 2, 64) == 48  # respects Dim max
+    assert dinputs.second_size(2, 2, 2) is None
 
 
 class LinalgSearchScan(nn.Module):
