@@ -64,6 +64,26 @@ def _tensor_for(key: ConstantKey, array: np.ndarray) -> onnx.TensorProto:
     return tensor
 
 
+_ATTRIBUTE_CACHE: dict[tuple[str, str], onnx.AttributeProto] = {}
+_SCALARS = (int, float, str, bytes)
+
+
+def _attribute(key: str, value: Any) -> onnx.AttributeProto:
+    """``helper.make_attribute(key, value)``, cached for the plain values patterns repeat
+    (keyed by ``repr``, which tells 1 from 1.0 and [1] from (1,))."""
+    plain = isinstance(value, _SCALARS) or (
+        isinstance(value, (list, tuple)) and all(isinstance(v, _SCALARS) for v in value))
+    if not plain:
+        return helper.make_attribute(key, value)
+    cache_key = (key, repr(value))
+    attribute = _ATTRIBUTE_CACHE.get(cache_key)
+    if attribute is None:
+        attribute = helper.make_attribute(key, value)
+        if len(_ATTRIBUTE_CACHE) < 4096:
+            _ATTRIBUTE_CACHE[cache_key] = attribute
+    return attribute
+
+
 class NameAllocator:
     """Hands out names that collide with nothing already in the model, deterministically.
 
@@ -102,7 +122,7 @@ class Value(str):
     def __new__(cls, name: str, builder: Builder, dtype: Any = None) -> Value:
         value = super().__new__(cls, name)
         value.builder = builder
-        value.dtype = None if dtype is None else np.dtype(dtype)
+        value.dtype = dtype if dtype is None or isinstance(dtype, np.dtype) else np.dtype(dtype)
         return value
 
     def __add__(self, other: Any) -> Value:
@@ -177,6 +197,10 @@ class Builder:
         self.target = target
         self.prefix = prefix
         self.nodes: list[onnx.NodeProto] = []
+        # Per node in ``nodes``: the bases its name and new output names were made from
+        # (None for a constant, None for an output name given by the caller), so that
+        # decomposer.memo can replay the same naming for an identical node.
+        self.bases: list[tuple[str, list[str | None]] | None] = []
         self._tensor_names = tensor_names
         self._node_names = node_names
         # Constants emitted earlier in the same graph (same pass) are reused, so a model with
@@ -218,6 +242,7 @@ class Builder:
         attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
         attr.t.CopyFrom(_tensor_for(key, array))
         self.nodes.append(node)
+        self.bases.append(None)
         self._own[key] = name
         return Value(name, self, array.dtype)
 
@@ -281,17 +306,17 @@ class Builder:
         """Append one node with ``num_outputs`` outputs and return them."""
         base = f"{self.prefix}/{hint or op_type}"
         node_name = self._node_names.fresh(base)
+        out_bases: list[str | None] = [None] * num_outputs
         if outs is None:
-            outs = [self._tensor_names.fresh(f"{base}_out{i}" if num_outputs > 1 else base)
-                    for i in range(num_outputs)]
-        # Built field by field: helper.make_node costs several times more, and decomposing
-        # thousands of nodes makes tens of thousands of these.
-        node = onnx.NodeProto(op_type=op_type, name=node_name)
-        node.input.extend(str(i) for i in inputs)
-        node.output.extend(str(o) for o in outs)
-        if attrs:
-            node.attribute.extend(helper.make_attribute(key, value)
-                                  for key, value in sorted(attrs.items()))
+            out_bases = [f"{base}_out{i}" if num_outputs > 1 else base
+                         for i in range(num_outputs)]
+            outs = [self._tensor_names.fresh(name) for name in out_bases if name]
+        self.bases.append((base, out_bases))
+        # Built in one constructor call with cached attributes: helper.make_node costs
+        # several times more, and decomposing thousands of nodes makes tens of thousands.
+        node = onnx.NodeProto(op_type=op_type, name=node_name, input=[str(i) for i in inputs],
+                              output=[str(o) for o in outs],
+                              attribute=[_attribute(key, attrs[key]) for key in sorted(attrs)])
         self.nodes.append(node)
         types = list(dtypes or []) + [None] * num_outputs
         return [Value(o, self, types[i]) for i, o in enumerate(outs)]

@@ -108,8 +108,13 @@ def _check_tensor_type(name: str, tensor_type: onnx.TypeProto.Tensor, required: 
                                 f"elements")
 
 
-def checkable(model: onnx.ModelProto, classifier: OpClassifier) -> onnx.ModelProto:
-    """A copy of ``model`` that ``onnx.checker`` can judge on everything but custom nodes."""
+def checkable(model: onnx.ModelProto, classifier: OpClassifier,
+              copy_always: bool = True) -> onnx.ModelProto:
+    """A copy of ``model`` that ``onnx.checker`` can judge on everything but custom nodes;
+    with ``copy_always=False``, ``model`` itself when it needs no change (no custom node,
+    no external data), which spares copying a large result."""
+    if not copy_always and not _needs_masking(model, classifier):
+        return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     opsets = opset_map(list(copy.opset_import))
@@ -136,11 +141,22 @@ def checkable(model: onnx.ModelProto, classifier: OpClassifier) -> onnx.ModelPro
     return copy
 
 
+def _needs_masking(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
+    opsets = opset_map(list(model.opset_import))
+    for graph in all_graphs(model.graph):  # one walk: each graph's own nodes
+        if any(not classifier.is_standard(node, opsets) for node in graph.node) or any(
+                init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer):
+            return True
+    return any(not classifier.is_standard(node, function_opsets(opsets, function))
+               for function in model.functions for node in function_nodes(function))
+
+
 def checker_failure(model: onnx.ModelProto, classifier: OpClassifier,
                     full: bool) -> str | None:
     """The checker's complaint about ``model`` outside its custom nodes, or None."""
     try:
-        onnx.checker.check_model(checkable(model, classifier), full_check=full)
+        onnx.checker.check_model(checkable(model, classifier, copy_always=False),
+                                 full_check=full)
     except Exception as exc:
         return first_line(exc)
     return None

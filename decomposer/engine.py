@@ -25,11 +25,13 @@ Neighbours: :mod:`decomposer.context` answers patterns' questions about the grap
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import onnx
 
+from decomposer import memo
 from decomposer.builder import MIN_OPSET, TARGETS, Builder, ConstantPool, NameAllocator
 from decomposer.checking import check_input, check_output, validate_structure
 from decomposer.cleanup import (
@@ -56,6 +58,8 @@ from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
 
 RUNTIME_ONLY_DOMAINS = ("com.microsoft",)
+# Replay one build for identical nodes (decomposer.memo); tests turn it off to compare.
+REUSE_TEMPLATES = True
 
 
 @dataclass
@@ -79,12 +83,14 @@ class _Rewriter:
         self.tensor_names = NameAllocator(tensor_names)
         self.node_names = NameAllocator(node_names)
         self.rewritten_outputs: set[str] = set()  # output names of replaced nodes
+        self.reuse = REUSE_TEMPLATES
 
     def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> None:
         graph = scope.graph
         new_nodes: list[onnx.NodeProto] = []
         changed = False
         pool: ConstantPool = {}  # constants shared by this graph's replacements, this pass
+        templates: dict[tuple[Any, ...], list[memo.Template]] = {}  # same scope as the pool
         for node in graph.node:
             for attr_label, sub in subgraphs(node):
                 label = f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"
@@ -92,7 +98,7 @@ class _Rewriter:
             if self.classifier.is_standard(node, opsets):
                 new_nodes.append(node)
                 continue
-            replacement = self._rewrite_node(node, scope, opsets, pool)
+            replacement = self._rewrite_node(node, scope, opsets, pool, templates)
             if replacement is None:
                 new_nodes.append(node)
                 continue
@@ -104,7 +110,8 @@ class _Rewriter:
             graph.node.extend(new_nodes)
 
     def _rewrite_node(self, node: onnx.NodeProto, scope: Scope, opsets: dict[str, int],
-                      pool: ConstantPool) -> list[onnx.NodeProto] | None:
+                      pool: ConstantPool, templates: dict[tuple[Any, ...], list[memo.Template]]
+                      ) -> list[onnx.NodeProto] | None:
         def reject(reason: str) -> None:
             self.report.unsupported.append(
                 NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
@@ -125,15 +132,23 @@ class _Rewriter:
                    f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
             return None
         prefix = node.name or (node.output[0] if node.output else node.op_type)
+        context = NodeContext(scope, self.types, opset, self.target)
+        key = memo.key(pattern, form, node) if self.reuse else None
+        for earlier in templates.get(key, ()) if key is not None else ():
+            nodes = memo.replay(earlier, node, context, prefix, self.tensor_names,
+                                self.node_names)
+            if nodes is not None:
+                self._replaced(node, scope, pattern.name, nodes, earlier.declared)
+                return nodes
         builder = Builder(opset, prefix, self.tensor_names, self.node_names,
                           constant_pool=pool, target=self.target)
-        context = NodeContext(scope, self.types, opset, self.target)
+        recorder = memo.Recorder(context, node)
         try:
             matched = pattern.match(node, form)
-            pattern.bind(matched, context)
-            facts = pattern.check(matched, context)
+            pattern.bind(matched, recorder)
+            facts = pattern.check(matched, recorder)
             pattern.build(builder, matched, facts)
-            declared = pattern.output_types(matched, context, facts) or []
+            declared = pattern.output_types(matched, recorder, facts) or []
         except Reject as why:
             reject(f"pattern {pattern.name}: {why}")
             return None
@@ -148,14 +163,22 @@ class _Rewriter:
             raise PatternBugError(f"pattern {pattern.name} did not write output(s) {missing} "
                                   f"of node '{node.name}'")
         builder.commit()
+        if key is not None:
+            kept = memo.template(node, builder, recorder, declared)
+            variants = templates.setdefault(key, [])
+            if kept is not None and len(variants) < memo.MAX_VARIANTS:
+                variants.append(kept)
+        self._replaced(node, scope, pattern.name, builder.nodes, declared)
+        return builder.nodes
+
+    def _replaced(self, node: onnx.NodeProto, scope: Scope, pattern_name: str,
+                  nodes: list[onnx.NodeProto], declared: Sequence[tuple[int | None, Any]]) -> None:
         self.rewritten_outputs.update(name for name in node.output if name)
         for name, (elem_type, shape) in zip(node.output, declared, strict=False):
             if name:
                 self.types.record(scope.namespace, name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
-                                                 scope.label, pattern.name,
-                                                 len(builder.nodes)))
-        return builder.nodes
+                                                 scope.label, pattern_name, len(nodes)))
 
 
 def _no_pattern_reason(node: onnx.NodeProto, target: str) -> str:
@@ -261,9 +284,11 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
             report.unsupported, report)
 
-    remove_orphans(list(all_graphs(out.graph)), main.orphan_candidates, report)
+    graphs = list(all_graphs(out.graph))
+    remove_orphans(graphs, main.orphan_candidates, report)
     drop_unused_imports(out.opset_import, used_domains(main.nodes_before),
-                        used_domains(all_nodes(out.graph)), report,
+                        {domain for graph in graphs for domain in used_domains(graph.node)},
+                        report,
                         keep=function_domains(out))
     if check:
         check_output(out, schema_classifier, rewriter.rewritten_outputs)

@@ -8,7 +8,7 @@ alone: nothing here knows any op by name.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import onnx
 from onnx import AttributeProto
@@ -23,13 +23,44 @@ def norm_domain(domain: str) -> str:
 # -- walking ------------------------------------------------------------------------------
 
 
-def subgraphs(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.GraphProto]]:
+def subgraphs(node: onnx.NodeProto) -> Sequence[tuple[str, onnx.GraphProto]]:
+    """(attribute label, graph) of each graph-valued attribute of ``node``."""
+    if not node.attribute or not _may_hold_graphs(node.domain, node.op_type):
+        return ()
+    found = []
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:
-            yield attr.name, attr.g
+            found.append((attr.name, attr.g))
         elif attr.type == AttributeProto.GRAPHS:
-            for index, graph in enumerate(attr.graphs):
-                yield f"{attr.name}[{index}]", graph
+            found.extend((f"{attr.name}[{index}]", graph)
+                         for index, graph in enumerate(attr.graphs))
+    return found
+
+
+_ATTRIBUTE_TYPES: dict[tuple[str, str], frozenset[int] | None] = {}
+_GRAPH_TYPES = frozenset({AttributeProto.GRAPH, AttributeProto.GRAPHS})
+
+
+def may_hold(domain: str, op_type: str, types: frozenset[int]) -> bool:
+    """Whether a node of this op may carry an attribute of one of ``types``
+    (``AttributeProto`` type codes): False for a standard op whose schema declares none
+    (onnx.checker and every runtime reject any other attribute on it), so walking a large
+    model need not look through every node's attributes; True for a custom op."""
+    key = (domain, op_type)
+    if key not in _ATTRIBUTE_TYPES:
+        try:
+            schema = onnx.defs.get_schema(op_type, norm_domain(domain))
+        except onnx.defs.SchemaError:
+            _ATTRIBUTE_TYPES[key] = None
+        else:
+            _ATTRIBUTE_TYPES[key] = frozenset(int(attribute.type.value)  # type: ignore[attr-defined]
+                                              for attribute in schema.attributes.values())
+    declared = _ATTRIBUTE_TYPES[key]
+    return declared is None or not declared.isdisjoint(types)
+
+
+def _may_hold_graphs(domain: str, op_type: str) -> bool:
+    return may_hold(domain, op_type, _GRAPH_TYPES)
 
 
 def walk_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
@@ -67,23 +98,27 @@ class OpClassifier:
         self._local_functions = local_functions
         self._runtime_ops = runtime_ops
         self._lowered = lowered
-        self._cache: dict[tuple[str, str, int | None], bool] = {}
+        self._cache: dict[tuple[str, str, int | None], bool] = {}  # (raw domain, op, version)
 
     def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
-        domain = norm_domain(node.domain)
-        if (node.domain, node.op_type) in self._local_functions:
-            return True
-        if (domain, node.op_type) in self._runtime_ops:
-            return True
-        if domain == "" and node.op_type in self._lowered:
-            return False
-        version = opsets.get(domain)
+        domain = node.domain
+        version = opsets.get(norm_domain(domain))
         key = (domain, node.op_type, version)
         known = self._cache.get(key)
         if known is None:
-            known = version is not None and has_schema(node.op_type, version, domain)
+            known = self._classify(domain, node.op_type, version)
             self._cache[key] = known
         return known
+
+    def _classify(self, raw_domain: str, op_type: str, version: int | None) -> bool:
+        domain = norm_domain(raw_domain)
+        if (raw_domain, op_type) in self._local_functions:
+            return True
+        if (domain, op_type) in self._runtime_ops:
+            return True
+        if domain == "" and op_type in self._lowered:
+            return False
+        return version is not None and has_schema(op_type, version, domain)
 
 
 def has_schema(op_type: str, version: int, domain: str) -> bool:

@@ -19,6 +19,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -32,7 +33,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto
 
 from decomposer.errors import InvalidModelError, ModelIOError
-from decomposer.graphs import all_graphs, function_subgraphs, model_nodes
+from decomposer.graphs import all_graphs, function_subgraphs, may_hold
 
 _COPY_CHUNK = 16 << 20
 _WRITEBACK_CHUNK = 64 << 20
@@ -72,20 +73,28 @@ def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
             yield tensor
 
 
+_TENSOR_TYPES = frozenset({AttributeProto.TENSOR, AttributeProto.TENSORS})
+
+
 def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
     graphs = [*all_graphs(model.graph),
               *(g for f in model.functions for g in function_subgraphs(f))]
+    node_lists = [*(graph.node for graph in graphs),
+                  *(function.node for function in model.functions)]
     for graph in graphs:
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield sparse.values
             yield sparse.indices
-    for node in model_nodes(model):
-        for attr in node.attribute:
-            if attr.type == AttributeProto.TENSOR:
-                yield attr.t
-            elif attr.type == AttributeProto.TENSORS:
-                yield from attr.tensors
+    for nodes in node_lists:  # each graph's own nodes: one walk of the model in all
+        for node in nodes:
+            if not node.attribute or not may_hold(node.domain, node.op_type, _TENSOR_TYPES):
+                continue
+            for attr in node.attribute:
+                if attr.type == AttributeProto.TENSOR:
+                    yield attr.t
+                elif attr.type == AttributeProto.TENSORS:
+                    yield from attr.tensors
 
 
 def _external_info(tensor: TensorProto) -> dict[str, str]:
@@ -203,13 +212,14 @@ def _data_file_pattern(model_name: str) -> re.Pattern[str]:
 
 def _our_data_files(target: Path) -> list[Path]:
     """Data files an existing output at ``target`` points to that decomposer named."""
-    if not target.is_file():
-        return []
+    pattern = _data_file_pattern(target.name)
+    candidates = target.parent.glob(f"{glob.escape(target.name)}.*.data")
+    if not target.is_file() or not any(pattern.fullmatch(path.name) for path in candidates):
+        return []  # nothing of ours to clean up: spare parsing the previous output
     try:
         previous = onnx.ModelProto.FromString(target.read_bytes())
     except Exception:  # not ours to understand: leave everything alone
         return []
-    pattern = _data_file_pattern(target.name)
     names = {_external_info(t).get("location", "") for t in external_tensors(previous)}
     return [target.parent / name for name in sorted(names) if pattern.fullmatch(name)]
 
