@@ -227,3 +227,12 @@ def test_guide_api_reference_matches_the_code():
     text = (ROOT / "docs" / "writing-a-pattern.md").read_text()
     assert reference() in text, ("docs/writing-a-pattern.md's API reference is stale: "
                                  "regenerate it with python scripts/api_reference.py")
+
+
+def test_readme_supported_ops_table_matches_the_patterns():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from supported_ops import section
+
+    text = (ROOT / "README.md").read_text()
+    assert section() in text, ("README.md's supported-op table is stale: regenerate it with "
+                               "python scripts/supported_ops.py --write")
