@@ -16,7 +16,7 @@ from typing import Any
 import onnx
 
 from decomposer import engine
-from decomposer.errors import UnsupportedNodeError, VerificationError
+from decomposer.errors import UnsupportedNodeError
 from decomposer.modelio import load_model, save_model
 from decomposer.pattern import Pattern
 from decomposer.plugins import current_target
@@ -90,11 +90,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     if report.verification is not None:
         from decomposer.verification import require_passed
 
-        try:
-            require_passed(report.verification)
-        except VerificationError as exc:
-            exc.report = report  # type: ignore[attr-defined]
-            raise
+        require_passed(report.verification, attach=report)
     return report
 
 

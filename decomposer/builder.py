@@ -201,6 +201,7 @@ class Builder:
         # (None for a constant, None for an output name given by the caller), so that
         # decomposer.memo can replay the same naming for an identical node.
         self.bases: list[tuple[str, list[str | None]] | None] = []
+        self._empty_constants: set[str] = set()  # names of size-0 constants (Concat skips)
         self._tensor_names = tensor_names
         self._node_names = node_names
         # Constants emitted earlier in the same graph (same pass) are reused, so a model with
@@ -211,7 +212,16 @@ class Builder:
         self._own: ConstantPool = {}
 
     def commit(self) -> None:
-        """Publish this replacement's constants to the shared pool (its nodes are kept)."""
+        """Publish this replacement's constants to the shared pool (its nodes are kept),
+        first dropping those no node of it reads (a Concat that left an empty one out)."""
+        read = {name for node in self.nodes for name in node.input}
+        unread = {name for name in self._own.values() if name not in read}
+        if unread:
+            kept = [(node, base) for node, base in zip(self.nodes, self.bases, strict=True)
+                    if not (base is None and node.output[0] in unread)]
+            self.nodes = [node for node, _ in kept]
+            self.bases = [base for _, base in kept]
+            self._own = {key: name for key, name in self._own.items() if name not in unread}
         self._shared.update(self._own)
         self._own = {}
 
@@ -234,6 +244,8 @@ class Builder:
         key = (array.dtype.str, array.shape, array.tobytes())
         cached = self._shared.get(key) or self._own.get(key)
         if cached is not None:
+            if array.size == 0:
+                self._empty_constants.add(cached)
             return Value(cached, self, array.dtype)
         name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
         node = onnx.NodeProto(op_type="Constant", name=self._node_names.fresh(name))
@@ -244,6 +256,8 @@ class Builder:
         self.nodes.append(node)
         self.bases.append(None)
         self._own[key] = name
+        if array.size == 0:
+            self._empty_constants.add(name)
         return Value(name, self, array.dtype)
 
     def ints(self, values: Sequence[int] | int, hint: str = "ints") -> Value:
@@ -537,6 +551,8 @@ class Builder:
         value = self._operand(x, None, "shape_in")
         if start is None and end is None:
             return self.op("Shape", value, hint=hint, out=out, dtype=np.int64)
+        if start is not None and start == end and out is None:
+            return self.ints([], hint=hint or "shape")  # statically empty
         if self.opset >= 15:
             attrs = {"start": start} if start is not None else {}
             if end is not None:
@@ -556,8 +572,8 @@ class Builder:
         ``to_caller=True`` says ``out`` is a main-graph output (``ctx.is_model_output``).
         ONNX Runtime copies a Reshape into the caller's buffer on one thread; a float32 or
         float64 result is then written by ``Sub(view, 0)`` instead, exact for every value
-        (-0 and NaN included), which it runs in parallel (for a 16 MB output, 2.2 ms of
-        2.9 was that copy). Other types keep the plain Reshape."""
+        (-0 and NaN included), which it runs in parallel (docs/performance.md). Other
+        types keep the plain Reshape."""
         value = self._operand(x, None, "reshape_in")
         target = self._index(shape, "shape")
         if to_caller and value.dtype in (np.dtype(np.float32), np.dtype(np.float64)):
@@ -637,9 +653,19 @@ class Builder:
 
     def Concat(self, *xs: Operand, axis: int, hint: str | None = None,
                out: str | None = None) -> Value:
+        """Operands known to be empty (constants of size 0, such as an empty batch-dim
+        ``Shape`` slice) are left out: an empty constant in a Concat keeps engines from
+        folding it (a portability rule). One operand left is returned as it is."""
         like = self._dtype_of(*xs)
         values = [self._operand(x, like, "concat_in") for x in xs]
-        return self.op("Concat", *values, axis=axis, hint=hint, out=out, dtype=like)
+        kept = [value for value in values if value not in self._empty_constants]
+        if not kept:
+            kept = values[:1]
+        if len(kept) == 1 and out is None:
+            return kept[0]
+        if len(kept) == 1:
+            return self.Identity(kept[0], hint=hint, out=out)
+        return self.op("Concat", *kept, axis=axis, hint=hint, out=out, dtype=like)
 
     def Split(self, x: Operand, sizes: Sequence[int] | int, axis: int, *,
               hint: str | None = None) -> list[Value]:
@@ -783,6 +809,34 @@ class Builder:
                select_last_index: bool = False, hint: str | None = None,
                out: str | None = None) -> Value:
         return self._arg("ArgMin", x, axis, keepdims, select_last_index, hint, out)
+
+    def Transpose2D(self, x: Operand, rows: int | None, columns: int | None, *,
+                    shape: Value | None = None,
+                    batch_dims: Sequence[int | str | None] = (), hint: str | None = None,
+                    out: str | None = None) -> Value:
+        """x read as a (rows, columns) matrix (one of the two may be None: -1), transposed
+        to (columns, rows), then reshaped to ``shape`` if given (by :meth:`ReshapeBatchFirst`;
+        the leading dims of ``shape`` are the batch, whose static entries are
+        ``batch_dims``).
+
+        The swap is a Transpose (0, 1, 3, 2) of a (1, 1, rows, columns) view, not a 2-D
+        Transpose (1, 0): onnx2tf's tf_converter ignores the perm of a Transpose whose
+        perm[0] is not 0 and matches output dims to input dims by size, so a square swap
+        came out untouched; with perm[0] = 0 it keeps the perm. The view goes back to 2-D
+        before any reshape to ``shape``, whose 0 dims (an empty batch) would otherwise copy
+        the view's 1s. Reshapes are free on ONNX Runtime."""
+        label = hint or "transposed"
+        value = self._operand(x, None, f"{label}_in")
+        quad = self.Reshape(value, [1, 1, -1 if rows is None else rows,
+                                    -1 if columns is None else columns], hint=f"{label}_4d")
+        swapped = self.Transpose(quad, [0, 1, 3, 2], hint=f"{label}_4d_t")
+        flat = self.Reshape(swapped, [-1 if columns is None else columns,
+                                      -1 if rows is None else rows],
+                            hint=hint if shape is None else f"{label}_2d",
+                            out=out if shape is None else None)
+        if shape is None:
+            return flat
+        return self.ReshapeBatchFirst(flat, shape, batch_dims, hint=hint, out=out)
 
     def Reverse(self, x: Operand, axis: int, *, hint: str | None = None,
                 out: str | None = None) -> Value:

@@ -5,13 +5,13 @@ in the same graph and pass. Out: either the replacement nodes, copied from a tem
 with the names the builder would have made, or None (build it, and keep it as a template).
 
 Models repeat their blocks, so the same custom node (same op, attributes, input types and
-shapes, constant inputs) is decomposed hundreds of times; building it costs about 30 us
-per emitted node, copying a template a fraction of that. Two nodes share a template when
-they have the same pattern, form, op type, domain, attributes and input/output layout,
-and every question the pattern asked the graph about the first one (:class:`Recorder`
-logs them: constant values, shapes, element types, whether a tensor is a model
-input/output) has the same answer for the second. That holds because a pattern sees a
-node only through its attributes and that context (the contract in
+shapes, constant inputs) is decomposed hundreds of times; copying a built replacement
+costs a fraction of building it again (docs/performance.md, Tool cost). Two nodes share a
+template when they have the same pattern, form, op type, domain, attributes and
+input/output layout, and every question the pattern asked the graph about the first one
+(:class:`Recorder` logs them: constant values, shapes, element types, whether a tensor is
+a model input/output) has the same answer for the second. That holds because a pattern
+sees a node only through its attributes and that context (the contract in
 :mod:`decomposer.pattern`); ``tests/test_memo.py`` checks every pattern's examples give
 byte-identical models with and without templates.
 

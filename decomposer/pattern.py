@@ -120,6 +120,12 @@ class Pattern(Generic[FactsT]):
       ``ATen(operator=<name>)`` match too; ``None`` for none.
     - ``attributes``: the attribute schema of the native form.
     - ``num_outputs``: how many outputs the node must have.
+
+    The contract every pattern keeps: ``check``, ``build`` and ``output_types`` depend on
+    the node only through its attributes and the answers of the :class:`MatchContext`
+    about its own inputs and outputs (never on names, never on other graph state). The
+    engine relies on it to build identical nodes once (:mod:`decomposer.memo`); a question
+    about another tensor is allowed but makes the node build anew every time.
     """
 
     op_type: ClassVar[str]

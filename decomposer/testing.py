@@ -34,6 +34,7 @@ from onnx import helper
 from decomposer.api import decompose
 from decomposer.graphs import is_default_domain
 from decomposer.pattern import Form, Pattern
+from decomposer.portability import violations
 from decomposer.registry import Registry, default_registry
 
 # Per-dtype tolerances used when a test gives none: float16 carries ~3 decimal digits.
@@ -169,7 +170,8 @@ def check_pattern(
     ``domains`` (``"custom.test"`` for a pattern that accepts any domain). ``registry``
     defaults to the default registry plus ``pattern`` if it is not in it yet. ``form``
     picks the spelling the nodes are written in (a :class:`Form` of the pattern, or the
-    op_type of one); by default the pattern's first native one.
+    op_type of one); by default the pattern's first native one. Under the portable target
+    every result must also pass :func:`decomposer.portability.violations`.
     """
     registry = registry if registry is not None else _registry_with(pattern)
     native = _native_form(pattern, form)
@@ -186,6 +188,10 @@ def check_pattern(
             leftover = [n.op_type for n in out.graph.node if not is_default_domain(n.domain)]
             assert not leftover, f"{where}: custom nodes remain: {leftover}"
             onnx.checker.check_model(out, full_check=True)
+            if target == "portable":
+                problems = violations(out)
+                assert not problems, (f"{where}: breaks the portability rules "
+                                      f"(decomposer.portability): {'; '.join(problems)}")
             worst = 0.0
             for set_index, inputs in enumerate([case.inputs, *case.more_inputs]):
                 feeds = {f"input{i}": np.asarray(a) for i, a in enumerate(inputs)

@@ -813,12 +813,14 @@ def _context(item: ReplacedNode, path: str, iteration: str) -> str:
     return ", ".join(part for part in (where, path, iteration) if part)
 
 
-def require_passed(report: VerifyReport) -> None:
-    """Raise :class:`VerificationError` (exit 1) if any check failed (or none ran)."""
+def require_passed(report: VerifyReport, attach: object = None) -> None:
+    """Raise :class:`VerificationError` (exit 1) if any check failed (or none ran). The
+    error's ``report`` is ``attach`` when given (a run's whole :class:`decomposer.Report`,
+    which holds this one), else ``report``."""
     if not report.passed:
         details = "\n".join(c.describe() for c in report.failures)
         error = VerificationError(f"{report.summary()}\n{details}".rstrip())
-        error.report = report  # type: ignore[attr-defined]
+        error.report = attach if attach is not None else report  # type: ignore[attr-defined]
         raise error
 
 

@@ -12,13 +12,13 @@ the rows (axis -2) with a ``Gather`` of the index ``(n-1) - Range(0, n, 1)``, n 
 
 Portable by construction (docs/portability.md): no ``Slice`` with a negative step, which
 onnx2tf silently turns into Identity; only row flips, which every engine gathers in
-whole-row copies (flipping the last axis with a Gather copies one element at a time: 3-4x
-slower on ONNX Runtime). The index is built ascending and subtracted, not as
-``Range(n-1, -1, -1)``: ONNX Runtime 1.32's GatherToSliceFusion rewrites a Gather of that
-descending Range into an empty Slice. Under ``--target ort``, k = 2 keeps the double
-step -1 Slice, measured 2.5x faster there than four passes. ``RotationPattern`` holds
-the check, build, output types and reference; a subclass only declares its attributes and
-maps them to (turns, dims, scale). Not a pattern module itself (leading underscore).
+whole-row copies (flipping the last axis with a Gather copies one element at a time, which
+is slower). The index is built ascending and subtracted, not as ``Range(n-1, -1, -1)``:
+ONNX Runtime 1.32's GatherToSliceFusion rewrites a Gather of that descending Range into an
+empty Slice. Under ``--target ort``, k = 2 keeps the double step -1 Slice, faster there
+than four passes (docs/performance.md, ATen ops). ``RotationPattern`` holds the check,
+build, output types and reference; a subclass only declares its attributes and maps them
+to (turns, dims, scale). Not a pattern module itself (leading underscore).
 """
 
 from __future__ import annotations

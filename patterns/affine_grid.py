@@ -31,30 +31,23 @@ Before -> after (a, b, e, t: theta's columns for x, y, z and the translation)::
 (align_corners=0) or ``max(n-1, 1)`` (align_corners=1). Everything before the GEMM (2-D)
 or the last Mul and Add (3-D) is small (sizes, not grids).
 
-Speed (README's benchmark table): the 2-D GEMM writes the grid once. A Reshape that
-produces a graph output is copied by ONNX Runtime on one thread (it is free when a
-GridSample reads the grid), so a graph-output grid ends in an elementwise Sub(view, 0),
-which it writes in parallel. Against ONNX Runtime's AffineGrid-20: 0.87-1.00x at N=8
-256², 0.84-1.16x at N=8 512² (three memory passes against one compute-bound kernel; the
-Mul/Add form this replaced: 1.42-1.50x and about 1.0x), 1.14-1.34x at 64² (per-node
-cost), 0.86-1.00x feeding a GridSample at 256² and larger, 1.01-1.12x at 64² (nine runs,
-two days). OpenVINO runs it at 0.02-0.59x its own AffineGrid-20 (the Mul/Add form took
-1.08-1.87x at N=8). No portable one-pass form was found: a broadcast
-Add of (N, H, 1, 2) and (N, 1, W, 2) runs 6-23x slower on ONNX Runtime (k-element
-pieces), a MatMul batched over (N, H) with (W, 2) @ (2, 2) 4-8x, a Transpose of an
-(N, 2, H, W) GEMM 1.3-2.8x, Einsum or Resize 1.4-9x. Nor did fewer nodes pay: R built
-directly as (N, 2, W*2) by a K = 4 GEMM (27 nodes) moved 64² by under 3% and slowed
-N=1 512² by 11-17%; one folded K = 4 final GEMM was 5-13% slower.
+Speed: the 2-D GEMM writes the grid once. ONNX Runtime copies a Reshape that produces a
+graph output on one thread (it is free when a GridSample reads the grid), so a
+graph-output grid ends in an elementwise Sub(view, 0), which it writes in parallel. The
+figures against ONNX Runtime's and OpenVINO's AffineGrid-20, and the one-pass forms tried
+and rejected (a broadcast Add, a MatMul batched over (N, H), a Transpose of an
+(N, 2, H, W) GEMM, Einsum, Resize, R built by a K = 4 GEMM), are in docs/performance.md
+(AffineGrid).
 
 Portable (the default target): only constructs that ONNX Runtime, OpenVINO, TVM,
 onnx2torch and onnx2tf run (docs/portability.md). The Reshape targets are Concats of Shape
 outputs and constants, which TVM's importer folds into shapes; 0 (copy a dim) is avoided,
 since onnx2tf reads it against its channels-last layout. Under ``--target ort`` the 2-D
 float32 grid is written by a 1x1 Conv whose weight is computed at run time: one
-output-sized pass, 0.4-0.7x of the portable form's time there. When ``size`` is not fed
+output-sized pass, faster there (docs/performance.md). When ``size`` is not fed
 at run time that weight is kept from being constant-folded (an empty slice of R is
 concatenated to it), since a constant weight makes ONNX Runtime's NCHWc layout pass wrap
-the Conv in reorders (measured 3x slower). Neither construct is portable.
+the Conv in reorders, which are slower. Neither construct is portable.
 
 Envelope: opsets 11+, theta float16/32/64 (float16 is computed in float32 and rounded
 once at the end), size int64 or int32, batch and every spatial size dynamic (exact up to
@@ -191,22 +184,20 @@ class AffineGrid(Pattern):
 
         That small product is one GEMM, not N*2: its right operand is a plain matrix
         (2, W), so ONNX Runtime folds coef's leading axes into the rows; a Transpose of the
-        (N, 2, 2, W) result then orders it (N, 2, W, 2). Against (W, 2) @ (N, 2, 2, 2)
-        (N*2 tiny GEMMs) this saved 6-8 us of 100 at N=8 64².
+        (N, 2, 2, W) result then orders it (N, 2, W, 2). That is cheaper than
+        (W, 2) @ (N, 2, 2, 2), N*2 tiny GEMMs.
 
         Both Reshape targets are Concats of Shape outputs and constants, with no 0: TVM's
         importer folds such a Concat into a shape (a target computed from the ``size``
         values is refused), and onnx2tf mis-reads a 0 against the channels-last layout it
         gives 3-D and 4-D tensors; no -1 either, so an empty batch (N = 0, which ONNX's
-        AffineGrid-20 allows and torch refuses) gives an empty grid. Measured on all eight
-        configurations of scripts/portability.py.
+        AffineGrid-20 allows and torch refuses) gives an empty grid. Every configuration of
+        scripts/portability.py runs it.
 
         ``to_caller``: the grid is a graph output. A runtime then hands the caller a buffer
-        of its own, and ONNX Runtime fills it from a Reshape with one single-threaded copy
-        (2.2 ms of 2.9 at N=8 512², 16 MB); ``b.Reshape(..., to_caller=True)`` ends in
-        ``Sub(view, 0)`` instead, which it writes in parallel. With the folded R, N=8 512²
-        went from 1.12-1.50x native to 0.84-1.02x with 2 threads, and from 1.02-1.23x to
-        0.92-1.16x with one (scripts/bench.py, nine runs on two days)."""
+        of its own, and ONNX Runtime fills it from a Reshape with one single-threaded copy;
+        ``b.Reshape(..., to_caller=True)`` ends in ``Sub(view, 0)`` instead, which it writes
+        in parallel (docs/performance.md, AffineGrid)."""
         with_zero = b.Pad(theta, [0, 0, 0, 0, 0, 1], 0, hint="theta0")  # (N, 2, 4): a, b, t, 0
         coef = b.Gather(with_zero, b.const(np.array([[3, 1], [0, 2]], np.int64), hint="R_cols"),
                         axis=2, hint="R_coef")  # (N, 2 (c), 2 (row of R), 2 (x, 1))

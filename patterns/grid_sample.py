@@ -44,7 +44,7 @@ fraction. Out-of-range taps under zeros
 padding are either clipped onto a zero border padded around X (static C below
 MIN_CHUNKED_CHANNELS: fewer point-sized ops) or masked (index 0, weight 0; nearest: Where on
 the result). Zeros padding of NaN keeps torch's NaN/0 (see above) both ways.
-Where it pays on ONNX Runtime (measured, see scripts/bench_grid_sample.py): a static C of 8+
+Where it pays on ONNX Runtime (docs/performance.md, GridSample): a static C of 8+
 is gathered in channel chunks (Slices, one GatherElements + weighted sum each, a rank-2
 Concat, one Reshape) so each chunk's taps stay in cache and the index is expanded once per
 chunk size; otherwise 16+ taps (bicubic) are gathered one row of taps at a time and summed.

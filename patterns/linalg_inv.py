@@ -60,7 +60,6 @@ Outputs are reshaped to A's own shape (never through a -1), so shape-tracking en
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -190,40 +189,13 @@ def cofactor_stages(n: int) -> list[ProductStage]:
     return [_stage(minors), _stage(entries)]
 
 
-def swap_2d(b: Builder, x: Value, rows: int | None, columns: int | None, hint: str,
-            shape: Value | None = None, batch_dims: Sequence[int | str | None] = (),
-            out: str | None = None) -> Value:
-    """x read as a (rows, columns) matrix (one of the two may be None: -1), transposed:
-    (columns, rows), then reshaped to ``shape`` if given (by ``b.ReshapeBatchFirst``; the
-    leading dims of ``shape`` are the batch, whose static entries are ``batch_dims``).
-
-    The swap is a Transpose (0, 1, 3, 2) of a (1, 1, rows, columns) view, not a 2-D
-    Transpose (1, 0): onnx2tf's tf_converter ignores the perm of a Transpose whose perm[0]
-    is not 0 and matches the output dims to the input's by size (equal sizes in order),
-    so a square swap, e.g. (B, n*n) with a batch of n*n, came out untouched; for perm[0] =
-    0 it keeps the perm, and it takes a (1, 1, R, C) view for channels-first only if
-    1 = R = C. The view goes back to 2-D before any reshape to ``shape``, whose 0 dims
-    (an empty batch) would otherwise copy the view's 1s. Reshapes are free on ONNX
-    Runtime."""
-    quad = b.Reshape(x, [1, 1, -1 if rows is None else rows,
-                         -1 if columns is None else columns], hint=f"{hint}_4d")
-    swapped = b.Transpose(quad, [0, 1, 3, 2], hint=f"{hint}_4d_t")
-    flat = b.Reshape(swapped, [-1 if columns is None else columns,
-                               -1 if rows is None else rows],
-                     hint=hint if shape is None else f"{hint}_2d",
-                     out=out if shape is None else None)
-    if shape is None:
-        return flat
-    return b.ReshapeBatchFirst(flat, shape, batch_dims, hint=hint, out=out)
-
-
 def _batch_last(b: Builder, a: Value, facts: MatrixFacts, flat: bool) -> Value:
     """(*, n, n) -> (n*n, *) if ``flat`` else (n, n, *).
 
     With the batch on the last axes every Gather/Split below copies contiguous runs of
     batch values and every reduction runs over an outer axis; batch-first, ONNX Runtime
-    copies single elements and multiplies the tiny matrices one call each (measured 10-20x
-    slower at a batch of 100000). The batch dims are moved, never flattened with -1, so
+    copies single elements and multiplies the tiny matrices one call each, an order of
+    magnitude slower at large batches. The batch dims are moved, never flattened with -1, so
     engines that track symbolic dims (TVM) keep seeing them as A's own."""
     n, m = facts.n, facts.rank - 2
     if flat:
@@ -245,19 +217,18 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     With the batch on the last axis every row of entries is a contiguous run of B values.
     n = 2, 3 take the rows one by one (a Gather each; ONNX Runtime fuses them into one
     Split) and form every cofactor, det and the result with elementwise ops on single rows,
-    which stay in cache: at n = 3 and a batch of 100000 this takes 0.6-0.7x the time of the
-    block form below. At n = 4 single rows take ~160 nodes (0.55x the time at a batch of
-    100000, but 1.7x at a batch of 1), so n = 4 gathers blocks of rows and sums each
+    which stay in cache: faster than the block form below at n = 3. At n = 4 single rows
+    take ~160 nodes, slow at small batches, so n = 4 gathers blocks of rows and sums each
     stage's terms with one (1, T) @ (T, ...) MatMul: ONNX Runtime reduces over an outer axis
-    5-10x slower than that, and batch-first it would copy single elements. Every tensor is
+    much slower than that, and batch-first it would copy single elements. Every tensor is
     2-D: onnx2tf's tf_converter mislays a 3-D (T, outputs, B) product (a broadcast error)
     and a 3-D output Transpose (wrong layout).
 
     det is a product of n entries, which over- or underflows long before the inverse does
     (float32 entries of 1e10 give det = 1e40 for n = 4), so a matrix whose mean |entry| is
     outside ``_SAFE_ABS_MEAN`` is scaled to a mean of 1 first. (Computing float32 in float64
-    instead was measured 1.3-1.7x slower at a batch of 100000; scaling by an exact power of
-    two, with Log/Floor/Pow, 1.5x. A continuous c = Clip(mean, low, high) / mean is cheaper
+    instead, or scaling by an exact power of two with Log/Floor/Pow, is slower. A
+    continuous c = Clip(mean, low, high) / mean is cheaper
     than the Where but leaves such a matrix at a mean of ``low`` or ``high``, where
     adj * (c / det) under- or overflows: inf or 100% errors at float32 entries of 1e+-30
     for n = 3, 4.)"""
@@ -267,7 +238,7 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
             _info_from_flags(b, [b.Equal(a, 0.0, hint="zero_matrix")], a, facts, info_out)
         inverse = b.Reciprocal(a, hint="inverse", out=None if batch_last else out)
         return b.Reshape(inverse, [1, -1], hint="inverse_t") if batch_last else inverse
-    entries = swap_2d(b, a, None, n * n, hint="A_t")  # (n*n, B)
+    entries = b.Transpose2D(a, None, n * n, hint="A_t")  # (n*n, B)
     mean = b.MatMul(np.full((1, n * n), 1 / (n * n), dtype), b.Abs(entries, hint="A_abs"),
                     hint="A_abs_mean")  # (1, B): mean |A|
     # c is exactly 1 while mean |A| is within the bounds, so the common case is not rounded
@@ -297,7 +268,7 @@ def _build_closed_form(b: Builder, a: Value, facts: MatrixFacts, out: str | None
     # A 2-D swap and a Reshape: a 3-D Transpose from (n, n, *) straight into the output
     # would save ONNX Runtime the Reshape's copy (5-10%), but onnx2tf's tf_converter
     # mislays it.
-    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a),
+    return b.Transpose2D(inverse, n * n, None, hint="inverse", shape=b.Shape(a),
                    batch_dims=facts.shape[:-2], out=out)
 
 
@@ -453,8 +424,8 @@ def _build_gauss_jordan(b: Builder, a: Value, facts: MatrixFacts, out: str | Non
     choice), and one GatherElements puts the rows in order at the end.
 
     On (n, 2n - k, *) tensors, broadcasting (n, 1, *) against (1, w, *): ONNX Runtime runs
-    it in 0.55-0.85x the time of ``_build_gauss_jordan_2d``, but onnx2tf's tf_converter
-    mislays its 3-D tensors, so it is the ``--target ort`` form only."""
+    it faster than ``_build_gauss_jordan_2d``, but onnx2tf's tf_converter mislays its 3-D
+    tensors, so it is the ``--target ort`` form only."""
     n, dtype = facts.n, facts.dtype
     tail = (1,) * (facts.rank - 2)  # the batch axes of a constant
     matrix = _batch_last(b, a, facts, flat=False)  # (n, n, *)
@@ -510,7 +481,7 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
     since onnx2tf's tf_converter mislays such 3-D tensors (it takes a tensor whose dims
     after the first are equal for channels-first, and rebuilds Transposes by dim sizes)."""
     n, dtype = facts.n, facts.dtype
-    entries = swap_2d(b, a, None, n * n, hint="A_t")  # (n*n, B)
+    entries = b.Transpose2D(a, None, n * n, hint="A_t")  # (n*n, B)
     identity = b.Expand(np.eye(n, dtype=dtype).reshape(n * n, 1), b.Shape(entries),
                         hint="I")  # (n*n, B)
     # Rows of [A | I]: row i is A's row i, then I's row i.
@@ -566,7 +537,7 @@ def _build_gauss_jordan_2d(b: Builder, a: Value, facts: MatrixFacts, out: str | 
                        info_out)
     if batch_last:
         return inverse
-    return swap_2d(b, inverse, n * n, None, hint="inverse", shape=b.Shape(a),
+    return b.Transpose2D(inverse, n * n, None, hint="inverse", shape=b.Shape(a),
                    batch_dims=facts.shape[:-2], out=out)
 
 

@@ -57,7 +57,6 @@ from .linalg_inv import (
     inverse_reference,
     lu_info_reference,
     matrix_facts,
-    swap_2d,
 )
 
 # Below this many multiply-adds per matrix (n * n * k), X = A^-1 B is computed with the
@@ -172,7 +171,7 @@ class _SolvePattern(Pattern[SolveFacts]):
 def _product_batch_last(b: Builder, inverse: Value, rhs: Value, facts: SolveFacts,
                         out: str | None) -> Value:
     """X = A^-1 B (or B A^-1) with A^-1 as (n*n, Bt) and B of A's batch dims (Bt of them
-    flattened): B's entries become rows of Bt values too (``swap_2d``), every term of the
+    flattened): B's entries become rows of Bt values too (``b.Transpose2D``), every term of the
     product is a row of a Gather from each factor (no broadcast, no Concat), the terms of
     each entry are summed by a (1, n) MatMul, and X's rows are swapped back into B's
     shape.
@@ -188,9 +187,9 @@ def _product_batch_last(b: Builder, inverse: Value, rhs: Value, facts: SolveFact
     assert k is not None
     size = n * k  # X's entries (and B's)
     dtype = facts.matrix.dtype
-    rhs_t = swap_2d(b, rhs, None, size, hint="B_t")  # (n * k, Bt)
+    rhs_t = b.Transpose2D(rhs, None, size, hint="B_t")  # (n * k, Bt)
     x_t = _blocks_product(b, inverse, rhs_t, n, k, facts.left, dtype)
-    return swap_2d(b, x_t, size, None, hint="X", shape=b.Shape(rhs, hint="B_shape"),
+    return b.Transpose2D(x_t, size, None, hint="X", shape=b.Shape(rhs, hint="B_shape"),
                    batch_dims=facts.matrix.shape[:-2], out=out)
 
 

@@ -24,10 +24,9 @@ Before -> after::
 
 No Slice with step -1 in the portable output (onnx2tf turns some into Identity). For
 k = 1, 3 the flip gathers along the outer axis of the two, so each index copies a block;
-for k = 2 one Gather may run along the last axis (one element per index), still measured
-faster there than moving that axis out and back with two Transposes. On ONNX Runtime the
-Gathers cost 1-2x a hand-written Gather form and k = 2 costs ~10x a step -1 Slice (see
-scripts/bench_aten.py), which ``--target ort`` uses.
+for k = 2 one Gather may run along the last axis (one element per index), which is still
+faster than moving that axis out and back with two Transposes. ``--target ort`` uses a
+step -1 Slice for k = 2, faster on ONNX Runtime (docs/performance.md, ATen ops).
 
 Envelope: opsets 11+, every dtype, every dim dynamic (empty dims too); the rank must be
 known (to resolve negative dims and write the Transpose), and k and dims must be constants

@@ -323,7 +323,7 @@ class SearchSorted(Pattern):
         """torch's search as a walk down its decision tree (see ``search_tree``), with the
         children swapped so that the step is pure arithmetic: node 2i goes right, 2i + 1
         stops. Per step: read s at the node, compare, node = 2 node + stop. (GatherElements
-        and Cast/Add rather than Gather and Where: ONNX Runtime runs those ~10x faster.)"""
+        and Cast/Add rather than Gather and Where, which ONNX Runtime runs much slower.)"""
         n = facts.length
         assert n is not None
         depth = n.bit_length()
@@ -373,7 +373,7 @@ class SearchSorted(Pattern):
            sends the search right (n // BLOCK + 1 reads per value: one unless n >= BLOCK);
         2. a k-ary search inside the block (``_kary``): KARY_LEVELS levels, k from n at run
            time, so that a short row is searched in few reads (a fixed-depth bisection
-           made 17 reads per value at any n: 4-5x the (m x n) count at n = 16).
+           made 17 reads per value at any n, far more than the (m x n) count at small n).
         The row is padded with one element in front (so s[i] sits at i + 1 and a count c
         reads its own index) and sentinels behind (the dtype's maximum): a read past the end
         stops the search, unless the value is NaN (or equals the maximum, for right=True),

@@ -25,14 +25,14 @@ Before -> after::
     --target ort, opset 14+ and a dtype ONNX Runtime's Trilu kernel has:
                     y = Trilu(x, d, upper)
 
-Only the (H, W) mask is built from sizes; the Where is the only float pass over x (the mask
-is expanded to x's shape for TVM, which cannot broadcast a Where's condition over dynamic
-dims; ``--target ort`` broadcasts it instead). ONNX Runtime's Where is slow: the mask form
-costs about 4-5x its Trilu kernel, which is why ``--target ort`` emits Trilu at 14+ (for the
-dtypes ONNX Runtime's Trilu has). Portable output keeps the mask form at every opset:
-onnx2torch has no Trilu converter. For dtypes its Where lacks: bool is
-And(x, Not drop); int16/uint16 and bfloat16 go through int32/float32 and back (exact);
-uint64 is Mul by the 0/1 mask.
+Only the (H, W) mask is built from sizes; the Where is the only float pass over x (the
+mask is expanded to x's shape for TVM, which cannot broadcast a Where's condition over
+dynamic dims; ``--target ort`` broadcasts it instead). ONNX Runtime's Where is slow, so
+the mask form costs several times its Trilu kernel (docs/performance.md, ATen ops), which
+is why ``--target ort`` emits Trilu at 14+ (for the dtypes ONNX Runtime's Trilu has).
+Portable output keeps the mask form at every opset: onnx2torch has no Trilu converter. For
+dtypes its Where lacks: bool is And(x, Not drop); int16/uint16 and bfloat16 go through
+int32/float32 and back (exact); uint64 is Mul by the 0/1 mask.
 
 Envelope: opsets 11+, rank >= 2 (an unknown rank is fine), every dim dynamic, every dtype
 torch's tril accepts (bool, ints, floats; not complex) plus uint16/32/64. A constant

@@ -1,8 +1,9 @@
 """Benchmark the tool's own cost: node-count scaling, and a large external-data model.
 
 In: ``--nodes 300 3000 30000`` (custom-node counts), ``--weights-mib 400``, ``--json FILE``.
-Out: a table and JSON with, per case, the CLI's wall time and peak RSS (each run in a
-fresh process, as users run it), next to the baseline it is compared with:
+Out: a table and JSON with the import time of the CLI (fresh process), and per case the
+CLI's wall time and peak RSS (each run in a fresh process, as users run it) and
+``decompose()``'s time in process, next to the baseline it is compared with:
 - scaling: the CLI on a chain of N custom nodes (AffineGrid and rotation ops mixed), and
   the ratio of each size's time to the smallest one's;
 - external data: the CLI on a model with ``--weights-mib`` of external weights and two
@@ -121,6 +122,28 @@ def rss_of(command: list[str]) -> tuple[float, float]:
     return elapsed, int(line.split()[1]) / 1024
 
 
+def import_time(repeat: int) -> float:
+    """Median seconds to import the CLI in a fresh process (what every run pays first)."""
+    code = ("import time; start = time.perf_counter(); import decomposer.cli; "
+            "print(time.perf_counter() - start)")
+    return statistics.median(
+        float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
+                             text=True).stdout) for _ in range(repeat))
+
+
+def in_process(model: onnx.ModelProto, repeat: int) -> float:
+    """Median seconds of ``decomposer.decompose(model)`` (checks on), after one warm-up."""
+    import decomposer
+
+    decomposer.decompose(model)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        decomposer.decompose(model)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def _clear(folder: Path, model_name: str) -> None:
     for path in folder.glob(model_name + "*"):
         path.unlink()
@@ -134,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default="bench-results/bench_tool.json")
     args = parser.parse_args(argv)
-    results: dict = {"scaling": [], "external": None}
+    results: dict = {"scaling": [], "external": None, "import_s": import_time(args.repeat)}
+    print(f"import decomposer.cli in a fresh process: {results['import_s']:.2f} s")
     with tempfile.TemporaryDirectory() as folder_name:
         folder = Path(folder_name)
         for count in args.nodes:
@@ -146,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
                 times.append(seconds)
                 peaks.append(peak)
             row = {"nodes": count, "wall_s": statistics.median(times),
-                   "peak_rss_mib": max(peaks)}
+                   "peak_rss_mib": max(peaks),
+                   "decompose_s": in_process(chain_model(count), args.repeat)}
             results["scaling"].append(row)
             print(f"{count:>6} custom nodes: CLI {row['wall_s']:.2f} s wall, "
-                  f"peak RSS {row['peak_rss_mib']:.0f} MiB")
+                  f"peak RSS {row['peak_rss_mib']:.0f} MiB; decompose() in process "
+                  f"{row['decompose_s']:.2f} s")
         base = results["scaling"][0]
         for row in results["scaling"]:
             row["time_ratio_to_smallest"] = row["wall_s"] / base["wall_s"]

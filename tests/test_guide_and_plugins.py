@@ -229,10 +229,12 @@ def test_guide_api_reference_matches_the_code():
                                  "regenerate it with python scripts/api_reference.py")
 
 
-def test_readme_supported_ops_table_matches_the_patterns():
+@pytest.mark.parametrize("file_name, name", [("README.md", "supported-ops"),
+                                             ("docs/portability.md", "portability-rules")])
+def test_generated_sections_match_the_code(file_name, name):
     sys.path.insert(0, str(ROOT / "scripts"))
-    from supported_ops import section
+    from generated_docs import section
 
-    text = (ROOT / "README.md").read_text()
-    assert section() in text, ("README.md's supported-op table is stale: regenerate it with "
-                               "python scripts/supported_ops.py --write")
+    text = (ROOT / file_name).read_text()
+    assert section(name) in text, (f"{file_name}'s {name} section is stale: regenerate it "
+                                   f"with python scripts/generated_docs.py --write")

@@ -39,6 +39,7 @@ from onnx import TensorProto, helper
 import decomposer
 from decomposer import engines
 from decomposer.graphs import all_graphs
+from decomposer.portability import violations
 from decomposer.testing import ir_version_for
 
 TESTS = Path(__file__).resolve().parent
@@ -302,60 +303,11 @@ def decomposed(case_id: str) -> onnx.ModelProto:
 
 # -- static checks on the portable output ------------------------------------------------------
 
-def portability_violations(model: onnx.ModelProto) -> list[str]:
-    """Constructs docs/portability.md bans, found anywhere in ``model`` (subgraphs too)."""
-    problems: list[str] = []
-    initializers = {t.name for t in model.graph.initializer}
-
-    def scan(graph: onnx.GraphProto) -> None:
-        constants = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t)
-                     for n in graph.node if n.op_type == "Constant" and n.attribute
-                     and n.attribute[0].type == onnx.AttributeProto.TENSOR}
-        constants.update((t.name, onnx.numpy_helper.to_array(t)) for t in graph.initializer)
-        sliced_from_zero = {n.output[0] for n in graph.node if n.op_type == "Slice"
-                            and n.input[1] in constants and (constants[n.input[1]] == 0).any()}
-        for node in graph.node:
-            where = f"{node.op_type} '{node.name}'"
-            if node.domain not in ("", "ai.onnx"):
-                problems.append(f"{where}: non-standard domain '{node.domain}'")
-            if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
-                    and node.input[1] not in initializers:
-                problems.append(f"{where}: weight '{node.input[1]}' is computed at run time")
-            if node.op_type == "Slice" and len(node.input) > 4 and node.input[4]:
-                steps = constants.get(node.input[4])
-                if steps is None or (steps < 0).any():
-                    problems.append(f"{where}: negative or unknown steps")
-            if node.op_type == "Concat":
-                for name in node.input:
-                    value = constants.get(name)
-                    if value is not None and value.size == 0:
-                        problems.append(f"{where}: concatenates an empty constant")
-            if node.op_type == "Flatten" and any(a.name == "axis" and a.i == 0
-                                                 for a in node.attribute):
-                problems.append(f"{where}: axis 0 (onnx2torch makes it 1-D)")
-            if node.op_type == "GatherElements" and node.input[0] in sliced_from_zero:
-                problems.append(f"{where}: reads a Slice that starts at 0")
-            if node.op_type == "Slice" and len(node.input) >= 3:
-                starts, ends = constants.get(node.input[1]), constants.get(node.input[2])
-                if starts is not None and ends is not None and starts.shape == ends.shape \
-                        and (starts == ends).any():
-                    problems.append(f"{where}: an empty slice (a constant-folding barrier)")
-            for attribute in node.attribute:
-                if attribute.type == onnx.AttributeProto.GRAPH:
-                    scan(attribute.g)
-                elif attribute.type == onnx.AttributeProto.GRAPHS:
-                    for sub in attribute.graphs:
-                        scan(sub)
-
-    scan(model.graph)
-    return problems
-
-
 @pytest.mark.parametrize("case_id", [c.id for c in all_cases()])
 def test_decomposed_output_avoids_non_portable_constructs(case_id):
     out = decomposed(case_id)
     assert not [n for n in out.graph.node if n.domain not in ("", "ai.onnx")]
-    assert portability_violations(out) == []
+    assert violations(out) == []
 
 
 def test_the_static_check_can_fail():
@@ -364,7 +316,7 @@ def test_the_static_check_can_fail():
     affine = decomposer.decompose(affine_grid_case(2, "constant").model, target="ort")
     rotation = decomposer.decompose(rotation_case("Rot90AndScale", {"k": 2}, 2, (-2, -1),
                                                   1.0).model, target="ort")
-    found = " ".join(portability_violations(affine) + portability_violations(rotation))
+    found = " ".join(violations(affine) + violations(rotation))
     assert "computed at run time" in found
     assert "empty slice" in found
     assert "negative or unknown steps" in found
@@ -377,7 +329,7 @@ def test_the_static_check_can_fail():
         [onnx.numpy_helper.from_array(np.array([v], np.int64), name)
          for name, v in [("zero", 0), ("two", 2), ("one", 0)]])
     assert "reads a Slice that starts at 0" in " ".join(
-        portability_violations(helper.make_model(chunk)))
+        violations(helper.make_model(chunk)))
 
 
 # -- engines -------------------------------------------------------------------------------

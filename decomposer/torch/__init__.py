@@ -11,7 +11,7 @@ What plain ``torch.onnx.export`` (torch 2.13, dynamo by default) gets wrong, and
 
 - ``F.affine_grid`` is traced through its Python decomposition, which freezes H and W to
   the example's sizes (``Dim.AUTO``: silently; named dims: an error) and writes a base grid
-  26-390x slower than a native kernel. ``export`` routes it, during the export only,
+  much slower than a native kernel. ``export`` routes it, during the export only,
   through a ``torch.library`` custom op that the ONNX translation writes as
   ``custom.ops::AffineGrid(theta, Concat(sizes))``, every size symbolic, then decomposes it.
 - ``F.grid_sample`` and ``torch.rot90`` go the same way (``custom.ops::GridSample``,

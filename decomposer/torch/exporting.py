@@ -23,7 +23,6 @@ from decomposer.errors import (
     ExportError,
     InvalidModelError,
     ModelIOError,
-    VerificationError,
 )
 from decomposer.modelio import load_model, save_model
 from decomposer.opsets import convert_opset, default_opset
@@ -114,11 +113,7 @@ def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = 
         return report
     report.verification = run_checks(model, destination, out, leaves, dynamic, args, kwargs,
                                       options)
-    try:
-        require_passed(report.verification)
-    except VerificationError as exc:
-        exc.report = report  # type: ignore[attr-defined]
-        raise
+    require_passed(report.verification, attach=report)
     return report
 
 

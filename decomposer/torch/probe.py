@@ -74,8 +74,9 @@ def grid_sample_stays_native(rank: int, mode: str, padding_mode: str, align_corn
 
     It is when the opset has GridSample for this rank (16 for 4-D, 20 for 5-D) and ONNX
     Runtime has its fast path: bilinear, zeros, align_corners=False on 4-D input, where the
-    decomposition measured 1.2-2.4x slower. Every other combination runs ONNX Runtime's
-    generic per-channel loop, which the decomposition beats (0.14-0.89x), and nearest with
+    decomposition is slower. Every other combination runs ONNX Runtime's generic
+    per-channel loop, which the decomposition beats (docs/performance.md, GridSample), and
+    nearest with
     reflection padding and align_corners=False rounds ties differently from torch.
     """
     has_op = opset >= (16 if rank == 4 else 20)

@@ -43,10 +43,19 @@ class Route:
     """One routed op; subclasses set ``functions`` and override what they use."""
 
     functions: tuple[Any, ...] = ()  # the torch callables intercepted under torch.export
+    # A callable whose parameters name the call's arguments (with torch's defaults); a call
+    # that does not bind to it is left to torch.
+    signature: Callable[..., Any] = staticmethod(lambda *args, **kwargs: None)
 
     def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
                   kwargs: Mapping[str, Any]) -> Any:
         """The custom op's result for this call, or :data:`NOT_ROUTED`."""
+        bound = bind(self.signature, args, kwargs)
+        return NOT_ROUTED if bound is None else self.route(export, function, bound)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        """The custom op's result for a call whose arguments are ``bound`` (by name, defaults
+        applied), or :data:`NOT_ROUTED`."""
         return NOT_ROUTED
 
     def translations(self, opset: int) -> dict[Any, Callable[..., Any]]:

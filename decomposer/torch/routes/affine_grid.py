@@ -10,7 +10,7 @@ exporter's ``aten::affine_grid_generator`` writes the same node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -25,7 +25,6 @@ from decomposer.torch.routes import (
     ROUTING_NAMESPACE,
     Exporting,
     Route,
-    bind,
     builtin_symbolic,
 )
 
@@ -109,12 +108,9 @@ def _translate(theta: Any, size: Sequence[Any], align_corners: bool) -> Any:
 
 class AffineGridRoute(Route):
     functions = (F.affine_grid,)
+    signature = staticmethod(F.affine_grid)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(F.affine_grid, args, kwargs)
-        if bound is None:
-            return NOT_ROUTED
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
         theta, size = bound["theta"], list(bound["size"])
         elem_type = onnx_type(theta.dtype)
         if len(size) not in (4, 5) or elem_type is None:

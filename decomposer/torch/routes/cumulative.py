@@ -6,14 +6,14 @@ torch's exporter has no ONNX function for aten.cummax / cummin.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from decomposer.torch.emit import emit_opaque
 from decomposer.torch.probe import OPAQUE_DOMAIN
-from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route, bind
+from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route
 
 
 @torch.library.custom_op(f"{ROUTING_NAMESPACE}::cumulative_extreme", mutates_args=())
@@ -36,10 +36,10 @@ def _translate(x: Any, dim: int, largest: bool) -> Any:
 class CumulativeExtremeRoute(Route):
     functions = (torch.cummax, torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(lambda input, dim, *, out=None: None, args, kwargs)
-        if bound is None or bound["out"] is not None or not isinstance(bound["dim"], int):
+    signature = staticmethod(lambda input, dim, *, out=None: None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        if bound["out"] is not None or not isinstance(bound["dim"], int):
             return NOT_ROUTED
         x, dim = bound["input"], bound["dim"]
         largest = function in (torch.cummax, torch.Tensor.cummax)

@@ -10,7 +10,7 @@ node. The legacy exporter's ``aten::grid_sampler`` makes the same choice.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,7 +30,6 @@ from decomposer.torch.routes import (
     ROUTING_NAMESPACE,
     Exporting,
     Route,
-    bind,
     builtin_symbolic,
 )
 
@@ -61,12 +60,9 @@ def _rewritten(elem_type: int, rank: int, mode: str, padding: str, align: bool, 
 
 class GridSampleRoute(Route):
     functions = (F.grid_sample,)
+    signature = staticmethod(F.grid_sample)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(F.grid_sample, args, kwargs)
-        if bound is None:
-            return NOT_ROUTED
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
         x, grid = bound["input"], bound["grid"]
         mode, padding, align = bound["mode"], bound["padding_mode"], bool(bound["align_corners"])
         elem_type = onnx_type(x.dtype)

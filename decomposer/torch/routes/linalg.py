@@ -9,14 +9,14 @@ without guarding on them. The patterns need static matrix sizes and say so.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from decomposer.torch.emit import emit_opaque
 from decomposer.torch.probe import ATEN_DOMAIN, OPAQUE_DOMAIN
-from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route, bind
+from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route
 
 
 @torch.library.custom_op(f"{ROUTING_NAMESPACE}::inverse", mutates_args=())
@@ -57,11 +57,12 @@ def _(a: torch.Tensor, b: torch.Tensor, left: bool) -> torch.Tensor:
 class InverseRoute(Route):
     functions = (torch.linalg.inv, torch.inverse, torch.Tensor.inverse)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        a = args[0] if args else kwargs.get("input", kwargs.get("A"))
-        if len(args) > 1 or set(kwargs) - {"input", "A"} \
-                or not export.rewrites("Inverse", [a], ()):
+    # torch.inverse names its argument input, torch.linalg.inv A
+    signature = staticmethod(lambda input=None, *, A=None: None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        a = bound["input"] if bound["input"] is not None else bound["A"]
+        if a is None or not export.rewrites("Inverse", [a], ()):
             return NOT_ROUTED
         export.note("Inverse")
         return inverse_op(a)
@@ -74,10 +75,10 @@ class InverseRoute(Route):
 class InvExRoute(Route):
     functions = (torch.linalg.inv_ex,)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(lambda A, *, check_errors=False: None, args, kwargs)
-        if bound is None or bound["check_errors"] or \
+    signature = staticmethod(lambda A, *, check_errors=False: None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        if bound["check_errors"] or \
                 not export.rewrites("linalg_inv_ex", [bound["A"]], (), outputs=2,
                                     domain=ATEN_DOMAIN):
             return NOT_ROUTED  # check_errors=True raises in eager mode; a graph cannot
@@ -94,10 +95,10 @@ class InvExRoute(Route):
 class SolveRoute(Route):
     functions = (torch.linalg.solve,)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(lambda A, B, *, left=True, out=None: None, args, kwargs)
-        if bound is None or bound["out"] is not None or not isinstance(bound["B"], torch.Tensor):
+    signature = staticmethod(lambda A, B, *, left=True, out=None: None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        if bound["out"] is not None or not isinstance(bound["B"], torch.Tensor):
             return NOT_ROUTED
         a, b, left = bound["A"], bound["B"], bool(bound["left"])
         if not export.rewrites("Solve", [a, b], (("left", int(left)),)):

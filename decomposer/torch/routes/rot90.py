@@ -7,7 +7,7 @@ writes the same node.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,11 +38,10 @@ def _translate(x: Any, k: int, dims: Sequence[int]) -> Any:
 class Rot90Route(Route):
     functions = (torch.rot90, torch.Tensor.rot90)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        x = args[0] if args else kwargs.get("input", kwargs.get("self"))
-        k = args[1] if len(args) > 1 else kwargs.get("k", 1)
-        dims = args[2] if len(args) > 2 else kwargs.get("dims", (0, 1))
+    signature = staticmethod(lambda input, k=1, dims=(0, 1): None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        x, k, dims = bound["input"], bound["k"], bound["dims"]
         if not isinstance(x, torch.Tensor) or not isinstance(k, int) \
                 or not all(isinstance(d, int) for d in dims) or len(dims) != 2:
             return NOT_ROUTED

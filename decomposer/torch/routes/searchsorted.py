@@ -8,14 +8,14 @@ are left to torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from decomposer.torch.emit import emit_opaque
 from decomposer.torch.probe import OPAQUE_DOMAIN
-from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route, bind
+from decomposer.torch.routes import NOT_ROUTED, ROUTING_NAMESPACE, Exporting, Route
 
 
 @torch.library.custom_op(f"{ROUTING_NAMESPACE}::searchsorted", mutates_args=())
@@ -41,11 +41,11 @@ def _translate(sorted_sequence: Any, values: Any, out_int32: bool, right: bool,
 class SearchSortedRoute(Route):
     functions = (torch.searchsorted,)
 
-    def intercept(self, export: Exporting, function: Any, args: Sequence[Any],
-                  kwargs: Mapping[str, Any]) -> Any:
-        bound = bind(lambda sorted_sequence, input, *, out_int32=False, right=False,
-                     side=None, out=None, sorter=None: None, args, kwargs)
-        if bound is None or bound["out"] is not None:
+    signature = staticmethod(lambda sorted_sequence, input, *, out_int32=False, right=False,
+                             side=None, out=None, sorter=None: None)
+
+    def route(self, export: Exporting, function: Any, bound: dict[str, Any]) -> Any:
+        if bound["out"] is not None:
             return NOT_ROUTED
         sequence, values, sorter = bound["sorted_sequence"], bound["input"], bound["sorter"]
         if not isinstance(values, torch.Tensor) or bound["side"] not in (None, "left", "right"):
