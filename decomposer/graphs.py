@@ -50,7 +50,7 @@ def may_hold(domain: str, op_type: str, types: frozenset[int]) -> bool:
     if key not in _ATTRIBUTE_TYPES:
         try:
             schema = onnx.defs.get_schema(op_type, norm_domain(domain))
-        except onnx.defs.SchemaError:
+        except (onnx.defs.SchemaError, TypeError):  # TypeError: a name that is not UTF-8
             _ATTRIBUTE_TYPES[key] = None
         else:
             _ATTRIBUTE_TYPES[key] = frozenset(int(attribute.type.value)  # type: ignore[attr-defined]

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from decomposer.builder import Builder
+from decomposer.examples import Example
 from decomposer.forms import ATEN_DOMAIN, Attr, Const, Form, In, Reject, aten_operator
 
 __all__ = ["ATEN_DOMAIN", "Attr", "Const", "Form", "In", "MatchContext", "MatchedNode",
@@ -110,6 +111,9 @@ class Pattern(Generic[FactsT]):
     - ``forms``: the spellings the pattern answers to (:class:`Form`); the mechanism parses
       each into one normalized call (``node.tensors``, ``node.args``) for ``check`` and
       ``build``, and into arrays plus the same ``args`` for ``compute``.
+    - ``examples``: small valid uses (:class:`decomposer.examples.Example`) that together
+      write every spelling; the fuzz harness is seeded from them and a test checks each
+      decomposes cleanly.
 
     Older patterns may instead declare one native spelling and one ATen name (below) and
     parse arguments themselves in ``check`` and ``reference``:
@@ -130,6 +134,7 @@ class Pattern(Generic[FactsT]):
 
     op_type: ClassVar[str]
     forms: ClassVar[Sequence[Form]] = ()
+    examples: ClassVar[Sequence[Example]] = ()
     domains: ClassVar[frozenset[str] | None] = None
     aten_operator: ClassVar[str | None] = None
     attributes: ClassVar[Mapping[str, Attr]] = {}

@@ -29,6 +29,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern, Reject
 
 INT64_MIN = -(2**63)
@@ -62,15 +63,9 @@ class RotationFacts(NamedTuple):
 def rotation_facts(x: str, turns: int, dims: tuple[int, int], scale: float,
                    ctx: MatchContext) -> RotationFacts:
     """Validate the input and normalise the rotation; raises Reject with a reason."""
-    shape = ctx.shape(x)
-    if shape is None:
-        raise Reject(f"the rank of input '{x}' is unknown; give it a static rank (value_info "
-                     f"or a typed graph input) so the last two axes can be transposed")
-    if len(shape) < 2:
-        raise Reject(f"input '{x}' has rank {len(shape)}; rotating needs rank >= 2")
-    if len(shape) > MAX_RANK:
-        # The Transpose perm grows with the rank; refuse absurd ranks rather than build.
-        raise Reject(f"input '{x}' has rank {len(shape)}; ranks above {MAX_RANK} are refused")
+    # The Transpose perm grows with the rank: absurd ranks are refused rather than built.
+    shape = require_shape(ctx, x, "input", "to transpose the last two axes", min_rank=2,
+                          max_rank=MAX_RANK)
     if not np.isfinite(scale):
         raise Reject(f"scale {scale} is not finite")
     # dims (-1, -2) turns the other way: rot90(x, k, (-1, -2)) == rot90(x, -k, (-2, -1)).

@@ -65,6 +65,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
 from decomposer.checks import FLOAT_TYPES, require_type
+from decomposer.examples import FALSE, I64, TRUE, Example, F
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -90,6 +91,22 @@ class AffineGrid(Pattern):
                                   doc="1: -1 and 1 are the centers of the corner pixels")}),
         Form(aten="affine_grid_generator", inputs=(In("theta"), In("size"),
                                                    Const("align_corners", "bool"))),
+    )
+    examples = (
+        Example(
+            (("theta", F, ("N", 2, 3)), ("size", I64, (4,))),
+            ((F, 4),),
+            attrs={"align_corners": 1},
+            domains=(("custom.ops", 16), ("", 13), ("ai.onnx.contrib", 20)),
+            aten=("theta", "size", TRUE),
+            aten_opset=16,
+        ),
+        Example(
+            (("theta", F, ("N", 3, 4)), ("size", I64, (5,))),
+            ((F, 5),),
+            domains=(("custom.ops", 11), ("", 19)),
+            aten=("theta", "size", FALSE),
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:

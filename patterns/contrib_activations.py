@@ -37,8 +37,11 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import require_shape, require_type
+from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._kernels import ort_runs
 
 MS = frozenset({"com.microsoft"})
 _TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
@@ -97,10 +100,10 @@ class _Activation(Pattern[Facts]):
 
 
 def _gelu(b: Builder, x: Value, out: str | None = None) -> Value:
-    """0.5 * x * (1 + erf(x / sqrt(2))). ONNX Runtime has no float64 Erf kernel: a float64
-    x takes its erf in float32 (relative error ~1e-7)."""
+    """0.5 * x * (1 + erf(x / sqrt(2))). ONNX Runtime has no float64 Erf kernel
+    (patterns/_kernels.py): a float64 x takes its erf in float32 (relative error ~1e-7)."""
     scaled = x * (1.0 / math.sqrt(2.0))
-    if x.dtype == np.float64:
+    if not ort_runs("Erf", TensorProto.DOUBLE) and x.dtype == np.float64:
         erf = b.Cast(b.Erf(b.Cast(scaled, np.float32, hint="erf_in"), hint="erf"), np.float64,
                      hint="erf_f64")
     else:
@@ -111,6 +114,7 @@ def _gelu(b: Builder, x: Value, out: str | None = None) -> Value:
 class Gelu(_Activation):
     op_type = "Gelu"
     forms = (Form("Gelu", domains=MS, inputs=(In("x"),)),)
+    examples = (Example((("x", F, ("N", 8)),), domains=(("com.microsoft", 17),)),)
 
     def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
                 out: str | None) -> Value:
@@ -126,6 +130,7 @@ class BiasGelu(_Activation):
     op_type = "BiasGelu"
     tensors = ("x", "bias")
     forms = (Form("BiasGelu", domains=MS, inputs=(In("x"), In("bias"))),)
+    examples = (Example((("x", F, ("N", 8)), ("b", F, (8,))), domains=(("com.microsoft", 13),)),)
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         _bias_like_last_axis(node, ctx, "bias")
@@ -144,6 +149,7 @@ class FastGelu(_Activation):
     op_type = "FastGelu"
     tensors = ("x", "bias")
     forms = (Form("FastGelu", domains=MS, inputs=(In("x"), In("bias", optional=True))),)
+    examples = (Example((("x", F, ("N", 8)), ("b", F, (8,))), domains=(("com.microsoft", 11),)),)
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         if node.tensor("bias"):
@@ -167,6 +173,9 @@ class QuickGelu(_Activation):
     op_type = "QuickGelu"
     forms = (Form("QuickGelu", domains=MS, inputs=(In("x"),),
                   attributes={"alpha": Attr("float", default=1.702)}),)
+    examples = (
+        Example((("x", F, ("N", 8)),), attrs={"alpha": 1.5}, domains=(("com.microsoft", 17),)),
+    )
 
     def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
                 out: str | None) -> Value:
@@ -185,6 +194,12 @@ class BiasAdd(_Activation):
     op_type = "BiasAdd"
     tensors = ("x", "bias", "skip")
     forms = (Form("BiasAdd", domains=MS, inputs=(In("x"), In("bias"), In("skip"))),)
+    examples = (
+        Example(
+            (("x", F, ("N", "S", 8)), ("b", F, (8,)), ("s", F, ("N", "S", 8))),
+            domains=(("com.microsoft", 17),),
+        ),
+    )
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         _bias_like_last_axis(node, ctx, "bias")
@@ -204,6 +219,11 @@ class BiasSplitGelu(_Activation):
     op_type = "BiasSplitGelu"
     tensors = ("x", "bias")
     forms = (Form("BiasSplitGelu", domains=MS, inputs=(In("x"), In("bias"))),)
+    examples = (
+        Example(
+            (("x", F, ("N", "S", 8)), ("b", F, (8,))), ((F, 3),), domains=(("com.microsoft", 17),)
+        ),
+    )
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         width = _bias_like_last_axis(node, ctx, "bias")

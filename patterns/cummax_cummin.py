@@ -56,6 +56,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape
+from decomposer.examples import I32, I64, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -110,6 +111,9 @@ class _CumExtreme(Pattern):
         if rank:
             static = shape[axis]
             length = static if isinstance(static, int) else None
+        if length is not None and length >= 2**31:
+            raise Reject(f"a scan of {length} elements: positions are int32, so the scanned "
+                         f"dim must be below 2**31")
         return CumFacts(axis, rank, length, elem_type, tuple(shape))
 
     def build(self, b: Builder, node: MatchedNode, facts: CumFacts) -> None:
@@ -346,12 +350,24 @@ class CumMax(_CumExtreme):
     op_type = "CumMax"
     forms = _cumulative_forms("CumMax", "cummax")
     largest = True
+    examples = (
+        Example((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1}, aten=("x", i64(1))),
+    )
 
 
 class CumMin(_CumExtreme):
     op_type = "CumMin"
     forms = _cumulative_forms("CumMin", "cummin")
     largest = False
+    examples = (
+        Example(
+            (("x", I32, (3, "L")),),
+            ((I32, 2), (I64, 2)),
+            attrs={"dim": -1},
+            domains=(("custom.ops", 11),),
+            aten=("x", i64(-1)),
+        ),
+    )
 
 
 PATTERNS = [CumMax(), CumMin()]

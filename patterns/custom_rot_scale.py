@@ -24,6 +24,7 @@ when the scale is integral. The scale constant has x's dtype.
 
 from __future__ import annotations
 
+from decomposer.examples import Example, F
 from decomposer.pattern import Attr, Form, In, Reject
 
 from ._rotation import RotationPattern
@@ -50,6 +51,12 @@ class CustomRotScale(RotationPattern):
         "dims": Attr("string", default="height,width", normalize=_dims,
                      doc='"height,width" or "width,height"'),
     }),)
+    examples = (
+        Example(
+            (("x", F, ("N", 3, "H", "W")),),
+            attrs={"rotations": 2, "scale_factor": 1.5, "dims": "width,height"},
+        ),
+    )
 
 
 PATTERNS = [CustomRotScale()]

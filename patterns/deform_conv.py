@@ -59,6 +59,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import FLOAT_TYPES, require_type, type_name
+from decomposer.examples import TRUE, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -224,6 +225,115 @@ class DeformConv(Pattern[Facts]):
 
     op_type = "DeformConv"
     forms = SPELLINGS
+    examples = (
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("w", F, (6, 2, 3, 3)),
+                ("off", F, ("N", 36, "h", "w")),
+                ("b", F, (6,)),
+                ("m", F, ("N", 18, "h", "w")),
+            ),
+            attrs={"group": 2, "offset_group": 2, "pads": [1, 1, 1, 1], "strides": [2, 1]},
+            domains=(("custom.ops", 17), ("", 13)),
+        ),
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("off", F, ("N", 36, "h", "w")),
+                ("m", F, ("N", 18, "h", "w")),
+                ("w", F, (6, 4, 3, 3)),
+            ),
+            attrs={
+                "stride": [1, 2],
+                "padding": [1, 1],
+                "dilation": [1, 1],
+                "groups": 1,
+                "deform_groups": 2,
+            },
+            domains=(("mmcv", 11), ("mmdeploy", 17)),
+            op_type="MMCVModulatedDeformConv2d",
+        ),
+        Example(
+            (("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")), ("w", F, (6, 4, 3, 3))),
+            attrs={
+                "stride": [1, 1],
+                "padding": [1, 1, 1, 1],
+                "dilation": [1, 1],
+                "groups": 1,
+                "deform_groups": 1,
+            },
+            domains=(("mmdeploy", 11),),
+            op_type="MMCVDeformConv2d",
+        ),
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("w", F, (6, 4, 3, 3)),
+                ("off", F, ("N", 18, "h", "w")),
+                ("m", F, ("N", 9, "h", "w")),
+                ("b", F, (6,)),
+            ),
+            domains=(("torchvision", 13),),
+            op_type="deform_conv2d",
+            args=(
+                "x",
+                "w",
+                "off",
+                "m",
+                "b",
+                i64(1),
+                i64(1),
+                i64(1),
+                i64(1),
+                i64(1),
+                i64(1),
+                i64(1),
+                i64(1),
+                TRUE,
+            ),
+        ),
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("off", F, ("N", 18, "h", "w")),
+                ("m", F, ("N", 9, "h", "w")),
+                ("w", F, (6, 4, 3, 3)),
+            ),
+            attrs={
+                "stride": [1, 1],
+                "padding": [1, 1],
+                "dilation": [2, 2],
+                "group": 1,
+                "deformable_group": 1,
+            },
+            domains=(("trt", 16),),
+            op_type="ModulatedDeformConv2d",
+        ),
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("off", F, ("N", 18, "h", "w")),
+                ("m", F, ("N", 9, "h", "w")),
+                ("w", F, (6, 4, 3, 3)),
+                ("b", F, (6,)),
+            ),
+            attrs={"stride": 1, "padding": 1, "dilation": 1, "groups": 1, "deformable_group": 1},
+            domains=(("", 11),),
+            op_type="DCNv2",
+        ),
+        Example(
+            (
+                ("x", F, ("N", 4, "H", "W")),
+                ("om", F, ("N", 27, "h", "w")),
+                ("w", F, (6, 4, 3, 3)),
+                ("b", F, (6,)),
+            ),
+            attrs={"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "deformable_groups": 1},
+            domains=(("", 11),),
+            op_type="DCNv2_TRT",
+        ),
+    )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         args = _with_defaults(node.args)

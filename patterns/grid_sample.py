@@ -76,6 +76,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import FLOAT_TYPES, require_type
+from decomposer.examples import FALSE, TRUE, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -167,6 +168,27 @@ class GridSample(Pattern):
                                       normalize=_code(PADDINGS, "padding mode"),
                                       doc="0 zeros, 1 border, 2 reflection"),
                  "align_corners": Attr("int", default=0, choices=(0, 1), doc=_ALIGN_DOC)}),
+    )
+    examples = (
+        Example(
+            (("x", F, ("N", 3, "H", "W")), ("grid", F, ("N", "h", "w", 2))),
+            attrs={"mode": "bilinear", "padding_mode": "border", "align_corners": 1},
+            domains=(("custom.ops", 16), ("", 13)),
+            aten=("x", "grid", i64(0), i64(1), TRUE),
+        ),
+        Example(
+            (("x", F, ("N", 2, "D", "H", "W")), ("grid", F, ("N", "d", "h", "w", 3))),
+            attrs={"mode": "nearest", "padding_mode": "reflection"},
+            domains=(("custom.ops", 20),),
+            aten=("x", "grid", i64(1), i64(2), FALSE),
+            aten_opset=17,
+        ),
+        Example(
+            (("x", F, ("N", 3, "H", "W")), ("grid", F, ("N", "h", "w", 2))),
+            attrs={"interpolation_mode": 2, "padding_mode": 2},
+            domains=(("mmcv", 11),),
+            op_type="grid_sampler",
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:

@@ -66,6 +66,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import FALSE, I32, D, Example, F
 from decomposer.forms import Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -93,19 +95,8 @@ class MatrixFacts(NamedTuple):
 
 def matrix_facts(a: str, ctx: MatchContext, label: str = "A") -> MatrixFacts:
     """Validate a square float matrix input of static size; raises Reject with a reason."""
-    elem_type = ctx.elem_type(a)
-    if elem_type is None:
-        raise Reject(f"the element type of {label} '{a}' is unknown; give it a typed graph "
-                     f"input or value_info")
-    if elem_type not in _FLOAT_TYPES:
-        raise Reject(f"{label} must be float32 or float64 (as in torch), got "
-                     f"{TensorProto.DataType.Name(elem_type).lower()}")
-    shape = ctx.shape(a)
-    if shape is None:
-        raise Reject(f"the shape of {label} '{a}' is unknown; the matrix size must be static "
-                     f"(give it value_info or a typed graph input)")
-    if len(shape) < 2:
-        raise Reject(f"{label} must have rank >= 2 (*, n, n), got rank {len(shape)}")
+    elem_type = require_type(ctx, a, label, _FLOAT_TYPES)  # torch's linalg takes these
+    shape = require_shape(ctx, a, label, "the matrix size must be static", min_rank=2)
     rows, cols = shape[-2], shape[-1]
     if isinstance(rows, int) and isinstance(cols, int) and rows != cols:
         raise Reject(f"{label} must be square, got {rows}x{cols}")
@@ -667,6 +658,14 @@ class Inverse(_InversePattern):
 
     op_type = "Inverse"
     forms = (Form("Inverse", inputs=(In("A"),)), Form(aten="linalg_inv", inputs=(In("A"),)))
+    examples = (
+        Example(
+            (("A", F, ("B", 3, 3)),),
+            domains=(("custom.ops", 13), ("com.microsoft", 17)),
+            aten=("A",),
+        ),
+        Example((("A", D, (6, 6)),), aten=("A",), aten_opset=11),
+    )
 
 
 class AtenInverse(_InversePattern):
@@ -674,6 +673,7 @@ class AtenInverse(_InversePattern):
 
     op_type = "inverse"
     forms = (Form(aten="inverse", inputs=(In("A"),)),)
+    examples = (Example((("A", D, ("B", 2, 2)),), aten=("A",)),)
 
 
 class LinalgInvEx(_InversePattern):
@@ -684,6 +684,7 @@ class LinalgInvEx(_InversePattern):
     forms = (Form(aten="linalg_inv_ex", inputs=(In("A"), In("check_errors", optional=True)),
                   outputs=(1, 2)),)
     with_info = True
+    examples = (Example((("A", F, ("B", 5, 5)),), ((F, 3), (I32, 1)), aten=("A", FALSE)),)
 
 
 PATTERNS = [Inverse(), AtenInverse(), LinalgInvEx()]

@@ -48,6 +48,8 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
+from decomposer.checks import require_shape, type_name
+from decomposer.examples import FALSE, I32, TRUE, Example, F
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -105,15 +107,10 @@ class _SolvePattern(Pattern[SolveFacts]):
         matrix = matrix_facts(a, ctx)
         b_type = ctx.elem_type(b)
         if b_type != matrix.elem_type:
-            got = "unknown" if b_type is None else TensorProto.DataType.Name(b_type).lower()
-            raise Reject(f"B must have A's dtype "
-                         f"({TensorProto.DataType.Name(matrix.elem_type).lower()}), got {got}")
-        b_shape = ctx.shape(b)
-        if b_shape is None:
-            raise Reject(f"the shape of B '{b}' is unknown; its rank decides between vector "
-                         f"and matrix right-hand sides")
-        if len(b_shape) == 0:
-            raise Reject("B must have rank >= 1")
+            raise Reject(f"B must have A's dtype ({type_name(matrix.elem_type)}), got "
+                         f"{type_name(b_type)}")
+        b_shape = require_shape(ctx, b, "B", "it decides between vector and matrix "
+                                "right-hand sides", min_rank=1)
         vector = _is_vector_rhs(matrix.shape, tuple(b_shape))
         if vector and not left:
             raise Reject("left=False needs a matrix B (*, k, n); torch rejects vectors there")
@@ -246,6 +243,21 @@ class Solve(_SolvePattern):
                  "left": Attr("int", default=1, choices=(0, 1),
                               doc="1: solve A X = B; 0: solve X A = B")}),
              Form(aten="linalg_solve", inputs=(In("A"), In("B"), _LEFT)))
+    examples = (
+        Example(
+            (("A", F, ("B", 3, 3)), ("Bm", F, ("B", 3, "K"))),
+            ((F, 3),),
+            attrs={"left": 1},
+            aten=("A", "Bm", TRUE),
+        ),
+        Example(
+            (("A", F, ("B", 2, 2)), ("Bm", F, ("B", "K", 2))),
+            ((F, 3),),
+            attrs={"left": 0},
+            domains=(("custom.ops", 11),),
+            aten=("A", "Bm", FALSE),
+        ),
+    )
 
 
 class LinalgSolveEx(_SolvePattern):
@@ -256,6 +268,13 @@ class LinalgSolveEx(_SolvePattern):
     forms = (Form(aten="linalg_solve_ex", outputs=(1, 2), inputs=(
         In("A"), In("B"), _LEFT, In("check_errors", optional=True))),)
     with_info = True
+    examples = (
+        Example(
+            (("A", F, ("B", 4, 4)), ("Bm", F, ("B", 4))),
+            ((F, 2), (I32, 1)),
+            aten=("A", "Bm", TRUE, FALSE),
+        ),
+    )
 
 
 PATTERNS = [Solve(), LinalgSolveEx()]

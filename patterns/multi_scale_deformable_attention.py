@@ -60,6 +60,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import FLOAT_TYPES, require_shape, require_type
+from decomposer.examples import Example, F, i64
 from decomposer.forms import Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -104,6 +105,47 @@ class MultiScaleDeformableAttention(Pattern[Facts]):
              label="MultiscaleDeformableAttnPlugin_TRT (TensorRT OSS; any domain)"),
         Form("MultiScaleDeformableAttentionPlugin", inputs=_INPUTS, convert=_heads_joined,
              label="MultiScaleDeformableAttentionPlugin (DL4AGX vad-trt; any domain)"),
+    )
+    examples = (
+        Example(
+            (
+                ("v", F, ("N", 29, 2, 4)),
+                ("loc", F, ("N", "Lq", 2, 2, 3, 2)),
+                ("w", F, ("N", "Lq", 2, 2, 3)),
+            ),
+            ((F, 3),),
+            domains=(("mmdeploy", 16),),
+            op_type="MMCVMultiScaleDeformableAttention",
+            args=("v", i64([[5, 5], [1, 4]]), i64([0, 25]), "loc", "w"),
+        ),
+        Example(
+            (
+                ("v", F, ("N", 29, 2, 4)),
+                ("loc", F, ("N", "Lq", 2, 2, 3, 2)),
+                ("w", F, ("N", "Lq", 2, 2, 3)),
+            ),
+            ((F, 4),),
+            domains=(("trt", 13), ("", 11)),
+            op_type="MultiscaleDeformableAttnPlugin_TRT",
+            args=(
+                "v",
+                np.array([[5, 5], [1, 4]], np.int32),
+                np.array([0, 25], np.int32),
+                "loc",
+                "w",
+            ),
+        ),
+        Example(
+            (
+                ("v", F, ("N", 16, 1, 2)),
+                ("loc", F, ("N", "Lq", 1, 1, 1, 2)),
+                ("w", F, ("N", "Lq", 1, 1)),
+            ),
+            ((F, 3),),
+            domains=(("custom_op", 17),),
+            op_type="MultiScaleDeformableAttentionPlugin",
+            args=("v", i64([[4, 4]]), i64([0]), "loc", "w"),
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:

@@ -42,6 +42,7 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape
+from decomposer.examples import I64, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -78,6 +79,20 @@ class Rot90(Pattern[Rot90Facts]):
         # torch's rot90(self, k, dims): both set the graph's shape, so both are constants
         Form(aten="rot90", inputs=(In("x"), Const("k", "int", why=_SHAPE),
                                    Const("dims", "ints", why=_SHAPE))),
+    )
+    examples = (
+        Example(
+            (("x", F, ("N", "C", 4, "W")),),
+            attrs={"k": 1, "dims": [1, 3]},
+            aten=("x", i64(1), i64([1, 3])),
+        ),
+        Example(
+            (("x", I64, (2, "H", "W")),),
+            attrs={"k": -1, "dims": [-1, -2]},
+            domains=(("custom.ops", 11),),
+            aten=("x", i64(3), i64([-2, -1])),
+            aten_opset=17,
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Rot90Facts:

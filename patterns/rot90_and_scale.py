@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from decomposer.examples import Example, F
 from decomposer.pattern import Attr, Form, In
 
 from ._rotation import RotationPattern
@@ -50,6 +51,13 @@ class Rot90AndScale(RotationPattern):
         "clockwise": Attr("string", default="no", normalize=_normalize_clockwise,
                           choices=tuple(_CLOCKWISE), doc='"yes" turns clockwise'),
     }),)
+    examples = (
+        Example(
+            (("x", F, ("N", 3, "H", "W")),),
+            attrs={"k": 3, "scale": 2.0, "clockwise": "yes"},
+            domains=(("custom.ops", 17), ("", 11)),
+        ),
+    )
 
 
 PATTERNS = [Rot90AndScale()]

@@ -50,6 +50,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.examples import FALSE, TRUE, B, Example, F, f64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -118,6 +119,34 @@ class ScaledDotProductAttention(Pattern[AttentionFacts]):
             *_QKV_MASK, Const("dropout_p", "float", default=0.0),
             Const("is_causal", "bool", default=False), Const("scale", "float", default=None),
             Const("enable_gqa", "bool", default=False))),
+    )
+    examples = (
+        Example(
+            (
+                ("q", F, ("N", "H", "L", 8)),
+                ("k", F, ("N", "H", "S", 8)),
+                ("v", F, ("N", "H", "S", 8)),
+            ),
+            attrs={"is_causal": 1, "scale": 0.25},
+            aten=("q", "k", "v", "", f64(0.0), TRUE, f64(0.25), FALSE),
+        ),
+        Example(
+            (
+                ("q", F, ("N", 4, "L", 8)),
+                ("k", F, ("N", 2, "S", 8)),
+                ("v", F, ("N", 2, "S", 8)),
+                ("m", B, ("L", "S")),
+            ),
+            attrs={"enable_gqa": 1},
+            domains=(("custom.ops", 11),),
+            aten=("q", "k", "v", "m", f64(0.0), FALSE, "", TRUE),
+        ),
+        # An older torch's export: no scale and enable_gqa arguments.
+        Example(
+            (("q", F, ("N", "L", 4)), ("k", F, ("N", "S", 4)), ("v", F, ("N", "S", 6))),
+            domains=(),
+            aten=("q", "k", "v", "", f64(0.0), TRUE),
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> AttentionFacts:

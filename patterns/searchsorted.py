@@ -62,6 +62,7 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value
+from decomposer.examples import FALSE, I32, I64, TRUE, D, Example, F, f64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
@@ -169,6 +170,25 @@ class SearchSorted(Pattern):
                 "which is not valid ONNX: pass right=True instead of side='right' when "
                 "exporting")),
             In("sorter", optional=True))),
+    )
+    examples = (
+        Example(
+            (("s", F, (6,)), ("v", F, ("M",))),
+            ((I32, 1),),
+            attrs={"side": "right", "out_int32": 1},
+            aten=("s", "v", TRUE, FALSE, np.array(b"right", dtype=object), ""),
+        ),
+        Example(
+            (("s", I64, (2, "n")), ("v", I64, (2, "M")), ("sorter", I64, (2, "n"))),
+            ((I64, 2),),
+            attrs={"right": 1},
+            domains=(("custom.ops", 11),),
+            aten=("s", "v", FALSE, TRUE, "", "sorter"),
+        ),
+        # The Scalar overload: values is a Python number, a 0-d Constant.
+        Example(
+            (("s", D, (5,)),), ((I64, 0),), domains=(), aten=("s", f64(0.5), FALSE, FALSE, "", "")
+        ),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> SearchFacts:

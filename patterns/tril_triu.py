@@ -48,16 +48,16 @@ import numpy as np
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.examples import I32, I64, Example, F, i64
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-# Element types ONNX Runtime's Where kernel has (checked on ORT 1.32): no bool, int16,
-# uint16, uint64 or bfloat16; those get the detours described in the module docstring.
-_WHERE_TYPES = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT8,
-                TensorProto.INT32, TensorProto.INT64, TensorProto.UINT8, TensorProto.UINT32}
-# Element types ONNX Runtime's Trilu-14 kernel has.
-_TRILU_TYPES = {TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
-                TensorProto.INT64, TensorProto.BOOL}
+from ._kernels import ORT_CPU_TYPES
+
+# Where and Trilu lack some types on ONNX Runtime (patterns/_kernels.py); those get the
+# detours described in the module docstring.
+_WHERE_TYPES = ORT_CPU_TYPES["Where"] - {TensorProto.STRING}
+_TRILU_TYPES = ORT_CPU_TYPES["Trilu"]
 _VIA_INT32 = {TensorProto.INT16, TensorProto.UINT16}
 _SUPPORTED = _WHERE_TYPES | _TRILU_TYPES | _VIA_INT32 | {TensorProto.UINT64,
                                                          TensorProto.BFLOAT16}
@@ -235,11 +235,24 @@ def _torch_forms(op_type: str, aten: str, upper: bool) -> tuple[Form, Form]:
 class Tril(_TriangleBase):
     op_type = "Tril"
     forms = _torch_forms("Tril", "tril", upper=False)
+    examples = (
+        Example((("x", F, ("N", "H", "W")),), attrs={"diagonal": 1}, aten=("x", i64(1))),
+        Example((("x", F, ("H", "W")), ("d", I64, ())), domains=(), aten=("x", "d")),
+    )
 
 
 class Triu(_TriangleBase):
     op_type = "Triu"
     forms = _torch_forms("Triu", "triu", upper=True)
+    examples = (
+        Example(
+            (("x", I32, ("N", 4, "W")),),
+            attrs={"diagonal": -1},
+            domains=(("custom.ops", 14),),
+            aten=("x", i64(-1)),
+            aten_opset=11,
+        ),
+    )
 
 
 class Trilu(_TriangleBase):
@@ -249,6 +262,13 @@ class Trilu(_TriangleBase):
     forms = (Form("Trilu", inputs=(In("x"), In("k", optional=True)), attributes={
         "upper": Attr("int", default=1, choices=(0, 1),
                       doc="1 keeps the upper triangle (triu), 0 the lower (tril)")}),)
+    examples = (
+        Example(
+            (("x", F, ("N", "H", "W")), ("k", I64, ())),
+            attrs={"upper": 0},
+            domains=(("custom.ops", 16), ("", 13)),
+        ),
+    )
 
 
 PATTERNS = [Tril(), Triu(), Trilu()]

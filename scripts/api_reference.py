@@ -13,6 +13,7 @@ import inspect
 import re
 
 from decomposer.builder import Builder, Value
+from decomposer.examples import Example
 from decomposer.forms import Attr, Const, Form, In
 from decomposer.pattern import MatchContext, MatchedNode
 from decomposer.testing import Case
@@ -56,7 +57,7 @@ def _forms_section() -> list[str]:
         meaning = " ".join(described.get(field.name, "").split())
         lines.append(f"| `{field.name}` | {_cell(default)} | {_cell(meaning)} |")
     lines.append("")
-    for cls in (In, Const, Attr):
+    for cls in (In, Const, Attr, Example):
         fields = ", ".join(f.name for f in dataclasses.fields(cls))
         lines.append(f"- `{cls.__name__}({fields})`: {_cell(_first_line(cls))}")
     return [*lines, ""]

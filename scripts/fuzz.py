@@ -18,9 +18,9 @@ or the worker dying. Mutants run in a worker subprocess, capped at 4 GiB of addr
 that is restarted when it dies or exceeds the per-mutant time limit (a hang), so a native
 crash in onnx or ONNX Runtime cannot take the campaign down with it.
 
-Seeds (``SEEDS``): every built-in pattern in every form it matches (native in its
-domains, torch's ``org.pytorch.aten::<op>`` and ``ATen(operator=<op>)`` with constant
-arguments as the exporter writes them), plus chains, an If body and an ATen STN.
+Seeds: every built-in pattern in every form its ``examples`` write (decomposer.examples:
+native in its domains, torch's ``org.pytorch.aten::<op>`` and ``ATen(operator=<op>)`` with
+constant arguments as the exporter writes them), plus chains, an If body and an ATen STN.
 Mutations (seeded, reproducible): attribute types and values, arity and empty input
 names, domain and op_type (every pattern's), opset imports (absurd versions included),
 input dims (0, -1, large, 2**62), ranks and dtypes, the values of Constants (ATen
@@ -42,7 +42,6 @@ import tempfile
 import time
 import traceback
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -58,243 +57,6 @@ F, D, I32, I64, B = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.INT32,
 
 def _vi(name, elem, dims):
     return helper.make_tensor_value_info(name, elem, dims)
-
-
-@dataclass(frozen=True)
-class Seed:
-    """One small valid use of a pattern, from which every form it matches is seeded.
-
-    ``inputs``: typed graph inputs (name, element type, dims), all fed to the native form;
-    ``outputs``: (element type, rank) of each node output, None for one output typed like
-    the first input; ``attrs``: the native form's attributes; ``domains``: the (domain,
-    default-domain opset) pairs the native form is seeded in (empty: no native seed).
-    ``aten``: the argument list of torch's ``org.pytorch.aten::<op>`` and
-    ``ATen(operator=<op>)`` forms as its exporter writes it: a graph input's name, "" for an
-    absent argument, or a numpy value, written as a Constant node (None: no ATen seed).
-    """
-
-    inputs: tuple[tuple[str, int, tuple], ...]
-    outputs: tuple[tuple[int, int], ...] | None = None
-    attrs: dict = field(default_factory=dict)
-    domains: tuple[tuple[str, int], ...] = (("custom.ops", 17),)
-    aten: tuple | None = None
-    aten_opset: int = 13
-    op_type: str | None = None  # the native spelling's op_type (None: the pattern's first)
-    args: tuple | None = None  # the native node's inputs, written like ``aten`` (constants)
-
-
-def _i64(value):
-    return np.array(value, np.int64)
-
-
-def _f64(value):
-    return np.array(value, np.float64)
-
-
-TRUE, FALSE = np.array(True), np.array(False)
-_X4 = ("x", F, ("N", 3, "H", "W"))
-_GRID = ("grid", F, ("N", "h", "w", 2))
-
-# Per pattern class, its seeds. Every form of every built-in pattern must be seeded here
-# (check_seeds() names what is missing); the ATen argument lists are what torch's legacy
-# exporter emits (see each pattern module's docstring and tests/test_<module>.py).
-SEEDS: dict[str, list[Seed]] = {
-    "AffineGrid": [
-        Seed((("theta", F, ("N", 2, 3)), ("size", I64, (4,))), ((F, 4),),
-             attrs={"align_corners": 1},
-             domains=(("custom.ops", 16), ("", 13), ("ai.onnx.contrib", 20)),
-             aten=("theta", "size", TRUE), aten_opset=16),
-        Seed((("theta", F, ("N", 3, 4)), ("size", I64, (5,))), ((F, 5),),
-             domains=(("custom.ops", 11), ("", 19)), aten=("theta", "size", FALSE)),
-    ],
-    "Rot90AndScale": [Seed((_X4,), attrs={"k": 3, "scale": 2.0, "clockwise": "yes"},
-                           domains=(("custom.ops", 17), ("", 11)))],
-    "CustomRotScale": [Seed((_X4,), attrs={"rotations": 2, "scale_factor": 1.5,
-                                           "dims": "width,height"})],
-    "Rot90": [
-        Seed((("x", F, ("N", "C", 4, "W")),), attrs={"k": 1, "dims": [1, 3]},
-             aten=("x", _i64(1), _i64([1, 3]))),
-        Seed((("x", I64, (2, "H", "W")),), attrs={"k": -1, "dims": [-1, -2]},
-             domains=(("custom.ops", 11),), aten=("x", _i64(3), _i64([-2, -1])),
-             aten_opset=17),
-    ],
-    "Tril": [
-        Seed((("x", F, ("N", "H", "W")),), attrs={"diagonal": 1}, aten=("x", _i64(1))),
-        Seed((("x", F, ("H", "W")), ("d", I64, ())), domains=(), aten=("x", "d")),
-    ],
-    "Triu": [Seed((("x", I32, ("N", 4, "W")),), attrs={"diagonal": -1},
-                  domains=(("custom.ops", 14),), aten=("x", _i64(-1)), aten_opset=11)],
-    "Trilu": [Seed((("x", F, ("N", "H", "W")), ("k", I64, ())), attrs={"upper": 0},
-                   domains=(("custom.ops", 16), ("", 13)))],
-    "CumMax": [Seed((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1},
-                    aten=("x", _i64(1)))],
-    "CumMin": [Seed((("x", I32, (3, "L")),), ((I32, 2), (I64, 2)), attrs={"dim": -1},
-                    domains=(("custom.ops", 11),), aten=("x", _i64(-1)))],
-    "GridSample": [
-        Seed((_X4, _GRID),
-             attrs={"mode": "bilinear", "padding_mode": "border", "align_corners": 1},
-             domains=(("custom.ops", 16), ("", 13)),
-             aten=("x", "grid", _i64(0), _i64(1), TRUE)),
-        Seed((("x", F, ("N", 2, "D", "H", "W")), ("grid", F, ("N", "d", "h", "w", 3))),
-             attrs={"mode": "nearest", "padding_mode": "reflection"},
-             domains=(("custom.ops", 20),),
-             aten=("x", "grid", _i64(1), _i64(2), FALSE), aten_opset=17),
-        Seed((_X4, _GRID), attrs={"interpolation_mode": 2, "padding_mode": 2},
-             domains=(("mmcv", 11),), op_type="grid_sampler"),
-    ],
-    "DeformConv": [
-        Seed((("x", F, ("N", 4, "H", "W")), ("w", F, (6, 2, 3, 3)),
-              ("off", F, ("N", 36, "h", "w")), ("b", F, (6,)), ("m", F, ("N", 18, "h", "w"))),
-             attrs={"group": 2, "offset_group": 2, "pads": [1, 1, 1, 1],
-                    "strides": [2, 1]}, domains=(("custom.ops", 17), ("", 13))),
-        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 36, "h", "w")),
-              ("m", F, ("N", 18, "h", "w")), ("w", F, (6, 4, 3, 3))),
-             attrs={"stride": [1, 2], "padding": [1, 1], "dilation": [1, 1], "groups": 1,
-                    "deform_groups": 2}, domains=(("mmcv", 11), ("mmdeploy", 17)),
-             op_type="MMCVModulatedDeformConv2d"),
-        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
-              ("w", F, (6, 4, 3, 3))),
-             attrs={"stride": [1, 1], "padding": [1, 1, 1, 1], "dilation": [1, 1],
-                    "groups": 1, "deform_groups": 1}, domains=(("mmdeploy", 11),),
-             op_type="MMCVDeformConv2d"),
-        Seed((("x", F, ("N", 4, "H", "W")), ("w", F, (6, 4, 3, 3)),
-              ("off", F, ("N", 18, "h", "w")), ("m", F, ("N", 9, "h", "w")), ("b", F, (6,))),
-             domains=(("torchvision", 13),), op_type="deform_conv2d",
-             args=("x", "w", "off", "m", "b", _i64(1), _i64(1), _i64(1), _i64(1), _i64(1),
-                   _i64(1), _i64(1), _i64(1), TRUE)),
-        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
-              ("m", F, ("N", 9, "h", "w")), ("w", F, (6, 4, 3, 3))),
-             attrs={"stride": [1, 1], "padding": [1, 1], "dilation": [2, 2], "group": 1,
-                    "deformable_group": 1}, domains=(("trt", 16),),
-             op_type="ModulatedDeformConv2d"),
-        Seed((("x", F, ("N", 4, "H", "W")), ("off", F, ("N", 18, "h", "w")),
-              ("m", F, ("N", 9, "h", "w")), ("w", F, (6, 4, 3, 3)), ("b", F, (6,))),
-             attrs={"stride": 1, "padding": 1, "dilation": 1, "groups": 1,
-                    "deformable_group": 1}, domains=(("", 11),), op_type="DCNv2"),
-        Seed((("x", F, ("N", 4, "H", "W")), ("om", F, ("N", 27, "h", "w")),
-              ("w", F, (6, 4, 3, 3)), ("b", F, (6,))),
-             attrs={"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
-                    "deformable_groups": 1}, domains=(("", 11),), op_type="DCNv2_TRT"),
-    ],
-    "MultiScaleDeformableAttention": [
-        Seed((("v", F, ("N", 29, 2, 4)), ("loc", F, ("N", "Lq", 2, 2, 3, 2)),
-              ("w", F, ("N", "Lq", 2, 2, 3))), ((F, 3),),
-             domains=(("mmdeploy", 16),), op_type="MMCVMultiScaleDeformableAttention",
-             args=("v", _i64([[5, 5], [1, 4]]), _i64([0, 25]), "loc", "w")),
-        Seed((("v", F, ("N", 29, 2, 4)), ("loc", F, ("N", "Lq", 2, 2, 3, 2)),
-              ("w", F, ("N", "Lq", 2, 2, 3))), ((F, 4),),
-             domains=(("trt", 13), ("", 11)), op_type="MultiscaleDeformableAttnPlugin_TRT",
-             args=("v", np.array([[5, 5], [1, 4]], np.int32), np.array([0, 25], np.int32),
-                   "loc", "w")),
-        Seed((("v", F, ("N", 16, 1, 2)), ("loc", F, ("N", "Lq", 1, 1, 1, 2)),
-              ("w", F, ("N", "Lq", 1, 1))), ((F, 3),),
-             domains=(("custom_op", 17),), op_type="MultiScaleDeformableAttentionPlugin",
-             args=("v", _i64([[4, 4]]), _i64([0]), "loc", "w")),
-    ],
-    "Gelu": [Seed((("x", F, ("N", 8)),), domains=(("com.microsoft", 17),))],
-    "BiasGelu": [Seed((("x", F, ("N", 8)), ("b", F, (8,))), domains=(("com.microsoft", 13),))],
-    "FastGelu": [Seed((("x", F, ("N", 8)), ("b", F, (8,))), domains=(("com.microsoft", 11),))],
-    "QuickGelu": [Seed((("x", F, ("N", 8)),), attrs={"alpha": 1.5},
-                       domains=(("com.microsoft", 17),))],
-    "BiasAdd": [Seed((("x", F, ("N", "S", 8)), ("b", F, (8,)), ("s", F, ("N", "S", 8))),
-                     domains=(("com.microsoft", 17),))],
-    "BiasSplitGelu": [Seed((("x", F, ("N", "S", 8)), ("b", F, (8,))), ((F, 3),),
-                           domains=(("com.microsoft", 17),))],
-    "Inverse": [
-        Seed((("A", F, ("B", 3, 3)),), domains=(("custom.ops", 13), ("com.microsoft", 17)),
-             aten=("A",)),
-        Seed((("A", D, (6, 6)),), aten=("A",), aten_opset=11),
-    ],
-    "AtenInverse": [Seed((("A", D, ("B", 2, 2)),), aten=("A",))],
-    "LinalgInvEx": [Seed((("A", F, ("B", 5, 5)),), ((F, 3), (I32, 1)), aten=("A", FALSE))],
-    "Solve": [
-        Seed((("A", F, ("B", 3, 3)), ("Bm", F, ("B", 3, "K"))), ((F, 3),),
-             attrs={"left": 1}, aten=("A", "Bm", TRUE)),
-        Seed((("A", F, ("B", 2, 2)), ("Bm", F, ("B", "K", 2))), ((F, 3),),
-             attrs={"left": 0}, domains=(("custom.ops", 11),), aten=("A", "Bm", FALSE)),
-    ],
-    "LinalgSolveEx": [Seed((("A", F, ("B", 4, 4)), ("Bm", F, ("B", 4))), ((F, 2), (I32, 1)),
-                           aten=("A", "Bm", TRUE, FALSE))],
-    "ScaledDotProductAttention": [
-        Seed((("q", F, ("N", "H", "L", 8)), ("k", F, ("N", "H", "S", 8)),
-              ("v", F, ("N", "H", "S", 8))), attrs={"is_causal": 1, "scale": 0.25},
-             aten=("q", "k", "v", "", _f64(0.0), TRUE, _f64(0.25), FALSE)),
-        Seed((("q", F, ("N", 4, "L", 8)), ("k", F, ("N", 2, "S", 8)),
-              ("v", F, ("N", 2, "S", 8)), ("m", B, ("L", "S"))),
-             attrs={"enable_gqa": 1}, domains=(("custom.ops", 11),),
-             aten=("q", "k", "v", "m", _f64(0.0), FALSE, "", TRUE)),
-        # An older torch's export: no scale and enable_gqa arguments.
-        Seed((("q", F, ("N", "L", 4)), ("k", F, ("N", "S", 4)), ("v", F, ("N", "S", 6))),
-             domains=(), aten=("q", "k", "v", "", _f64(0.0), TRUE)),
-    ],
-    "SearchSorted": [
-        Seed((("s", F, (6,)), ("v", F, ("M",))), ((I32, 1),),
-             attrs={"side": "right", "out_int32": 1},
-             aten=("s", "v", TRUE, FALSE, np.array(b"right", dtype=object), "")),
-        Seed((("s", I64, (2, "n")), ("v", I64, (2, "M")), ("sorter", I64, (2, "n"))),
-             ((I64, 2),), attrs={"right": 1}, domains=(("custom.ops", 11),),
-             aten=("s", "v", FALSE, TRUE, "", "sorter")),
-        # The Scalar overload: values is a Python number, a 0-d Constant.
-        Seed((("s", D, (5,)),), ((I64, 0),), domains=(),
-             aten=("s", _f64(0.5), FALSE, FALSE, "", "")),
-    ],
-}
-
-
-def _model(nodes, seed: Seed, opset: int, domain: str) -> onnx.ModelProto:
-    _, elem, dims = seed.inputs[0]
-    outputs = seed.outputs or ((elem, len(dims)),)
-    graph = helper.make_graph(nodes, "seed", [_vi(n, e, list(d)) for n, e, d in seed.inputs],
-                              [_vi(f"y{i}", e, [None] * rank)
-                               for i, (e, rank) in enumerate(outputs)])
-    imports = [helper.make_opsetid("", opset)] + ([helper.make_opsetid(domain, 1)]
-                                                  if domain else [])
-    return helper.make_model(graph, opset_imports=imports, ir_version=8)
-
-
-def pattern_seeds(pattern, seed: Seed) -> list[tuple[str, onnx.ModelProto]]:
-    """(form label, model) for every form of ``pattern`` that ``seed`` can write."""
-    outs = [f"y{i}" for i in range(len(seed.outputs or [None]))]
-    found = []
-    spellings = pattern.spellings()
-    native = [form for form in spellings if form.op_types]
-    if native:
-        op_type = seed.op_type or native[0].op_types[0]
-        names = [name for name, _, _ in seed.inputs]
-        constants: list = []
-        if seed.args is not None:
-            constants, names = _argument_nodes(seed.args)
-        for domain, opset in seed.domains:
-            node = helper.make_node(op_type, names, outs, name="op", domain=domain,
-                                    **seed.attrs)
-            found.append((f"{domain or '<default>'}::{op_type}@{opset}",
-                          _model([*constants, node], seed, opset, domain)))
-    aten_form = next((form for form in spellings if form.aten), None)
-    if aten_form is not None and seed.aten is not None:
-        nodes, names = _argument_nodes(seed.aten)
-        op = aten_form.aten
-        for label, node in [
-                (f"{ATEN}::{op}", helper.make_node(op, names, outs, name="op", domain=ATEN)),
-                (f"ATen(operator={op})", helper.make_node(
-                    "ATen", names, outs, name="op", domain=ATEN, operator=op,
-                    overload_name=""))]:
-            found.append((f"{label}@{seed.aten_opset}",
-                          _model([*nodes, node], seed, seed.aten_opset, ATEN)))
-    return found
-
-
-def _argument_nodes(args: tuple) -> tuple[list, list[str]]:
-    """(Constant nodes, input names) for an argument list: a graph input's name, "" for an
-    absent argument, or a numpy value written as a Constant node."""
-    nodes, names = [], []
-    for index, arg in enumerate(args):
-        if isinstance(arg, str):
-            names.append(arg)
-            continue
-        names.append(f"arg{index}")
-        nodes.append(helper.make_node("Constant", [], [names[-1]], name=f"const{index}",
-                                      value=onnx.numpy_helper.from_array(arg, "v")))
-    return nodes, names
 
 
 def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
@@ -322,7 +84,7 @@ def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
     # An STN: AffineGrid -> GridSample fallbacks, a Tril of the output, all ATen.
     nodes = [helper.make_node("Constant", [], [name], name=f"c_{name}",
                               value=onnx.numpy_helper.from_array(value, "v"))
-             for name, value in [("align", FALSE), ("zero", _i64(0))]]
+             for name, value in [("align", np.array(False)), ("zero", np.array(0, np.int64))]]
     nodes += [helper.make_node("Shape", ["x"], ["size"], name="shape"),
               helper.make_node("affine_grid_generator", ["theta", "size", "align"], ["grid"],
                                name="affine", domain=ATEN),
@@ -339,16 +101,17 @@ def _structural_seeds() -> list[tuple[str, onnx.ModelProto]]:
 
 
 def labelled_seeds() -> list[tuple[str, onnx.ModelProto]]:
-    """(label, model) of every seed: each built-in pattern in every form it matches, then
-    the structural seeds. (A pattern with no entry in SEEDS has none: check_seeds says so.)"""
+    """(label, model) of every seed: each built-in pattern in every form its ``examples``
+    write (decomposer.examples), then the structural seeds."""
+    from decomposer.examples import example_models
     from decomposer.registry import build_registry
 
     found = []
     for entry in build_registry(entry_points=False):
         pattern = entry.pattern
-        for index, seed in enumerate(SEEDS.get(type(pattern).__name__, [])):
+        for index, example in enumerate(pattern.examples):
             found += [(f"{type(pattern).__name__}[{index}] {label}", model)
-                      for label, model in pattern_seeds(pattern, seed)]
+                      for label, model in example_models(pattern, example)]
     return found + _structural_seeds()
 
 
@@ -387,7 +150,8 @@ def check_seeds() -> list[str]:
                 form = ("ATen" if node.op_type == "ATen" else "fallthrough") if aten \
                     else f"native {node.op_type}"
                 wanted.discard((found[0].name, form))
-    problems += [f"no seed holds pattern {name} in its {form} form"
+    problems += [f"no example of pattern {name} holds its {form} form (add one to its "
+                 f"examples)"
                  for name, form in sorted(wanted)]
     return problems
 

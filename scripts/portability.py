@@ -1,7 +1,8 @@
 """Run every portability case on every inference engine installed, and tabulate the result.
 
-In: nothing required. The cases are ``tests/test_portability.py``'s (every built-in
-pattern's, plus those other test modules offer through ``portability_cases()``), each also
+In: nothing required. The cases are ``scripts/portability_cases.py``'s (every built-in
+pattern's, including those each pattern's test module offers through its
+``portability_cases()`` hook), each also
 run as ONNX's own AffineGrid-20 node where it holds an AffineGrid, for comparison. Options:
 ``--engines`` (a subset of the configurations below), ``--cases`` (substrings of case ids),
 ``--json FILE`` (default ``bench-results/portability.json``), and the Python interpreters of
@@ -38,7 +39,6 @@ import onnx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import decomposer  # noqa: E402
@@ -288,9 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", default=str(ROOT / "bench-results" / "portability.json"))
     args = parser.parse_args(argv)
 
-    import test_portability  # the case catalogue (needs torch, for the oracle)
+    import portability_cases  # the case catalogue (needs torch, for the oracle)
 
-    cases = list(test_portability.all_cases())
+    cases = list(portability_cases.all_cases())
     if args.cases:
         cases = [c for c in cases if any(s.lower() in c.id.lower() for s in args.cases)]
 

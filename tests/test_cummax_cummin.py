@@ -224,7 +224,7 @@ def test_native_form_needs_dim():
         decomposer.decompose(model)
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

@@ -2,8 +2,9 @@
 DecomposerError; none crashes or hangs. scripts/fuzz.py runs the long campaign.
 
 The seed corpus holds every built-in pattern in every form it matches (native, and torch's
-``org.pytorch.aten::<op>`` and ``ATen(operator=<op>)`` fallbacks); a new pattern without
-seeds in ``fuzz.SEEDS`` fails ``test_every_pattern_form_is_seeded_and_decomposes``.
+``org.pytorch.aten::<op>`` and ``ATen(operator=<op>)`` fallbacks), written by each pattern's
+``examples``; a spelling no example writes fails
+``test_every_pattern_form_is_seeded_and_decomposes``.
 """
 
 from __future__ import annotations

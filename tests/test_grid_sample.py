@@ -612,7 +612,7 @@ def test_classic_stn_at_opset_11(export_type, align_corners):
         np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

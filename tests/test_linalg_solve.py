@@ -297,7 +297,7 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, variant):
             np.testing.assert_allclose(g, w.numpy(), atol=1e-4, rtol=1e-4)
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

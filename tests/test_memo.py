@@ -71,3 +71,31 @@ def test_templates_give_the_bytes_a_build_gives(label, model, monkeypatch):
     nested_only = len(tripled.graph.node) == len(model.graph.node)
     if isinstance(built, bytes) and not nested_only:
         assert any(replays), "identical nodes were all built anew"
+
+
+def test_nodes_alike_but_for_their_inputs_are_built_apart(monkeypatch):
+    """Same op and attributes, inputs of other static sizes (3x3 and 4x4 inverses take
+    different algorithms) and types: each gets its own build, and the numbers are right."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    from decomposer.testing import run_onnxruntime
+
+    shapes = [("a", TensorProto.FLOAT, ["B", 3, 3]), ("b", TensorProto.FLOAT, ["B", 4, 4]),
+              ("c", TensorProto.DOUBLE, ["B", 3, 3]), ("d", TensorProto.FLOAT, ["B", 3, 3])]
+    nodes = [helper.make_node("Inverse", [name], [f"{name}_inv"], name=f"inv_{name}",
+                              domain="custom.ops") for name, _, _ in shapes]
+    graph = helper.make_graph(
+        nodes, "inverses", [helper.make_tensor_value_info(*spec) for spec in shapes],
+        [helper.make_tensor_value_info(f"{name}_inv", elem, dims) for name, elem, dims in shapes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("custom.ops", 1)])
+    assert _decompose(model, True, monkeypatch) == _decompose(model, False, monkeypatch)
+    rng = np.random.default_rng(0)
+    feeds = {name: (rng.normal(size=(2, *dims[1:])) + 4 * np.eye(dims[1])).astype(
+        np.float64 if elem == TensorProto.DOUBLE else np.float32)
+        for name, elem, dims in shapes}
+    monkeypatch.setattr(engine, "REUSE_TEMPLATES", True)
+    got = run_onnxruntime(decomposer.decompose(model), feeds)
+    for (name, _, _), result in zip(shapes, got, strict=True):
+        np.testing.assert_allclose(result, np.linalg.inv(feeds[name]), rtol=1e-4, atol=1e-5)

@@ -202,7 +202,7 @@ def test_native_bad_dims_attribute():
         decomposer.decompose(model)
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

@@ -383,7 +383,7 @@ def test_torch_export_decomposes_and_matches_eager(export_type, opset, variant):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

@@ -500,7 +500,7 @@ def test_bad_forms_are_rejected_with_the_node_named(build, reason):
     assert "node 'search'" in message and reason in message, message
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():

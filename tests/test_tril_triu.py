@@ -228,7 +228,7 @@ def test_bad_forms_are_rejected_with_the_node_named(node, inputs, extra, reason)
     assert "node 'tri'" in message and reason in message, message
 
 
-# -- portability (tests/test_portability.py's hook) --------------------------------------------
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
 
 
 def portability_cases():
