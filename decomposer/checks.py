@@ -71,3 +71,21 @@ def require_shape(ctx: _Context, name: str, label: str, why: str = "",
         raise Reject(f"{label} '{name}' has rank {len(shape)}; ranks above {max_rank} are "
                      f"refused")
     return shape
+
+
+def require_broadcastable(ctx: _Context, name: str, label: str, target: Shape,
+                          target_label: str) -> Shape | None:
+    """The shape of tensor ``name`` (None if unknown), which must broadcast into ``target``
+    (numpy rules, right-aligned, without growing it): at most ``target``'s rank, and each
+    static dim equal to the target's or 1 where both are static."""
+    shape = ctx.shape(name)
+    if shape is None:
+        return None
+    if len(shape) > len(target):
+        raise Reject(f"{label} '{name}' has rank {len(shape)}, more than {target_label} "
+                     f"({len(target)})")
+    for dim, into in zip(reversed(shape), reversed(target), strict=False):  # right-aligned
+        if isinstance(dim, int) and isinstance(into, int) and dim not in (1, into):
+            raise Reject(f"{label} '{name}' of shape {list(shape)} does not broadcast to "
+                         f"{target_label} {list(target)}")
+    return shape

@@ -48,6 +48,7 @@ from decomposer.graphs import (
     all_nodes,
     function_nodes,
     function_opsets,
+    has_schema,
     is_default_domain,
     norm_domain,
     opset_map,
@@ -314,16 +315,22 @@ def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:
 
 
 def _runtime_ops(target: str) -> frozenset[tuple[str, str]]:
-    """(domain, op_type) of the non-ONNX kernels the target runtime has: ONNX Runtime's
-    contrib ops under ``ort``, none under ``portable``."""
+    """(domain, op_type) of the non-ONNX kernels the target runtime has: under ``ort``, ONNX
+    Runtime's contrib ops, and its own default-domain registrations that no ONNX schema
+    covers (an op ONNX lacks, or one ONNX Runtime registered before ONNX defined it); none
+    under ``portable``."""
     if target != "ort":
         return frozenset()
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
     except ImportError:  # pragma: no cover - onnxruntime is a dependency
         return frozenset()
-    return frozenset((kernel.domain, kernel.op_name) for kernel in ort_state.get_all_opkernel_def()
-                     if not is_default_domain(kernel.domain))
+    found = set()
+    for kernel in ort_state.get_all_opkernel_def():
+        if not is_default_domain(kernel.domain) or \
+                not has_schema(kernel.op_name, kernel.version_range[0], ""):
+            found.add((norm_domain(kernel.domain), kernel.op_name))
+    return frozenset(found)
 
 
 class _FunctionJob:

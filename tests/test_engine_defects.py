@@ -143,13 +143,15 @@ def test_allow_unsupported_warning_does_not_tell_to_pass_allow_unsupported(tmp_p
 
 
 def _contrib_model():
-    """A contrib op no pattern rewrites yet (ONNX Runtime has a CPU kernel for it)."""
-    node = helper.make_node("SkipLayerNormalization", ["x", "x", "gamma"], ["y"], name="sln",
+    """A contrib op no pattern rewrites (ONNX Runtime has a CPU kernel for it):
+    ExpandDims(x, axis)."""
+    node = helper.make_node("ExpandDims", ["x", "axis"], ["y"], name="expand",
                             domain="com.microsoft")
-    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in "xy"]
-    gamma = onnx.numpy_helper.from_array(np.ones(3, np.float32), "gamma")
-    return make_model([node], info[:1], info[1:], 17, extra_opsets=["com.microsoft"],
-                      initializers=[gamma])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 3])
+    axis = onnx.numpy_helper.from_array(np.array(0, np.int32), "axis")
+    return make_model([node], [x], [y], 17, extra_opsets=["com.microsoft"],
+                      initializers=[axis])
 
 
 def test_target_portable_reports_ort_contrib_ops_and_ort_keeps_them(tmp_path, capsys):
@@ -164,10 +166,10 @@ def test_target_portable_reports_ort_contrib_ops_and_ort_keeps_them(tmp_path, ca
     assert main([str(src), str(dst), "--target", "ort", "--report", str(report_path)]) == 0
     assert json.loads(report_path.read_text())["target"] == "ort"
     kept = onnx.load(dst)
-    assert [n.op_type for n in kept.graph.node] == ["SkipLayerNormalization"]
+    assert [n.op_type for n in kept.graph.node] == ["ExpandDims"]
     x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
     (y,) = run_onnxruntime(kept, {"x": x})
-    assert y.shape == (2, 3)
+    assert y.shape == (1, 2, 3)
 
 
 def test_unknown_target_is_exit_2_listing_the_accepted_values(tmp_path, capsys):

@@ -1,0 +1,286 @@
+"""ONNX Runtime's normalizations (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
+SimplifiedLayerNormalization, and LayerNormalization below opset 17) as standard ops.
+
+Matches, with the inputs, attributes and outputs of the schemas ONNX Runtime 1.32 registers
+(``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema()``; described in
+its docs/ContribOperators.md) and the numbers of its CPU kernels:
+- ``com.microsoft::SkipLayerNormalization(input, skip, gamma[, beta][, bias];
+  epsilon=1e-12)`` -> ``output[, mean][, inv_std_var][, input_skip_bias_sum]``:
+  ``s = input + skip (+ bias)``, ``output = (s - mean) / sqrt(var + epsilon) * gamma
+  (+ beta)`` over the last axis; ``mean`` and ``inv_std_var`` are float32 of shape
+  (..., 1); ``input_skip_bias_sum`` is ``s``. skip is (..., S, H) like input, or (S, H),
+  or (1, S, H); gamma, beta, bias are (H,). What ONNX Runtime's transformer optimizer
+  writes for BERT, ViT and GPT-2's residual LayerNorms.
+- ``com.microsoft::SkipSimplifiedLayerNormalization(input, skip, gamma[, bias];
+  epsilon=1e-12)``, same outputs: RMSNorm, ``output = s / sqrt(mean(s^2) + epsilon) *
+  gamma``; ``mean`` is zeros (ONNX Runtime's kernel does not compute it), ``inv_std_var``
+  ``1 / sqrt(mean(s^2) + epsilon)``. What the onnxruntime-genai builder writes for Llama-like
+  models.
+- ``SimplifiedLayerNormalization(X, scale; axis=-1, epsilon=1e-5, stash_type=1)`` ->
+  ``Y[, inv_std_var]`` in the **default** domain (ONNX Runtime registers it there though it is
+  no standard op; it is matched by op type wherever the default domain does not define it):
+  RMSNorm over the axes from ``axis`` on; ``inv_std_var`` float32 of X's shape with those
+  axes kept as 1.
+- ``LayerNormalization(X, Scale[, B]; axis=-1, epsilon=1e-5, stash_type=1)`` ->
+  ``Y[, Mean][, InvStdDev]`` in the default domain **below opset 17**, where ONNX Runtime's own
+  registration (what its optimizer writes for a model exported at opset 16 or lower) is no
+  standard op yet; from 17 it is ONNX's LayerNormalization and never offered to patterns.
+
+Before -> after (SkipLayerNormalization with bias and beta)::
+
+    SkipLayerNormalization(x, skip, gamma, beta, bias)
+      ->  s = x + skip + bias;  m = ReduceMean(s, [-1]);  d = s - m
+          y = d / Sqrt(ReduceMean(Pow(d, 2), [-1]) + epsilon) * gamma + beta
+
+Written in the order of ONNX Runtime's LayerNormFusion and SimplifiedLayerNormFusion
+(ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add), which fuse it back into one
+kernel on ONNX Runtime; every other engine runs the elementwise ops. float16 and bfloat16
+are computed in float32 and rounded once (ONNX Runtime's kernels accumulate in float32),
+float64 in float64.
+
+Envelope: opsets 11+ (bfloat16: 13+); float16, bfloat16, float32 (and float64 for the two
+default-domain ops, as their schemas say); the input's rank known (the axes are listed), every dim
+dynamic; skip (S, H) or (1, S, H) broadcast over a 3-D input; gamma, beta, bias 1-D of the
+last dim (SimplifiedLayerNormalization's and LayerNormalization's scale: the normalized
+shape, or broadcastable to it). ``--target ort`` keeps the nodes, as for every contrib op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_broadcastable, require_shape, require_type
+from decomposer.examples import Example, F
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+MS = frozenset({"com.microsoft"})
+DEFAULT = frozenset({""})
+_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+_SKIP_TYPES = _TYPES[:3]  # the Skip* schemas take no float64
+_NARROW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+class Facts(NamedTuple):
+    elem_type: int  # of the input, the normalized output and the sum
+    rank: int
+    axes: tuple[int, ...]  # normalized over, non-negative
+    shape: tuple[int | str | None, ...]
+
+
+class _Normalization(Pattern[Facts]):
+    """Shared check/build. Subclasses set the flags and the names of their tensors."""
+
+    rms = False  # RMSNorm (no mean subtracted)
+    skipped = False  # input + skip (+ bias) first
+    scale_name = "gamma"
+    shift_name: str | None = "beta"
+    # Outputs after the first, in order: "mean", "inv_std", "sum".
+    extra_outputs: tuple[str, ...] = ()
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        x = node.tensor("input")
+        elem_type = require_type(ctx, x, "input", _SKIP_TYPES if self.skipped else _TYPES)
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject(f"bfloat16 needs opset 13 or newer (Cast has no bfloat16 at opset "
+                         f"{ctx.opset})")
+        shape = require_shape(ctx, x, "input", "to list the normalized axes", min_rank=1)
+        rank = len(shape)
+        axis = int(node.args.get("axis", -1))
+        if not -rank <= axis < rank:
+            raise Reject(f"axis {axis} is out of range for rank {rank}")
+        axes = tuple(range(axis % rank, rank))
+        normalized = tuple(shape[axis % rank:])
+        for name in ("skip", self.scale_name, self.shift_name, "bias"):
+            if name and node.tensor(name):
+                require_type(ctx, node.tensor(name), name, (elem_type,))
+                target, what = (shape, "the input") if name == "skip" else \
+                    (normalized, "the normalized shape")
+                require_broadcastable(ctx, node.tensor(name), name, target, what)
+        if self.skipped:
+            self._check_skip(node, ctx, shape)
+        return Facts(elem_type, rank, axes, tuple(shape))
+
+    def _check_skip(self, node: MatchedNode, ctx: MatchContext,
+                    shape: tuple[int | str | None, ...]) -> None:
+        skip = ctx.shape(node.tensor("skip"))
+        if skip is not None and len(skip) not in (2, 3, len(shape)):
+            raise Reject(f"skip has rank {len(skip)}; it must be like the input, (S, H) or "
+                         f"(1, S, H)")
+        for name in (self.scale_name, self.shift_name, "bias"):
+            if name and node.tensor(name):
+                vector = ctx.shape(node.tensor(name))
+                if vector is not None and len(vector) != 1:
+                    raise Reject(f"{name} must be 1-D (the hidden size), got rank "
+                                 f"{len(vector)}")
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        narrow = facts.elem_type in _NARROW
+        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
+        original = numpy_dtype(facts.elem_type)
+        outputs = dict(zip(("output", *self.extra_outputs), node.outputs, strict=False))
+
+        def read(name: str | None) -> Value | None:
+            tensor = node.tensor(name) if name else ""
+            if not tensor:
+                return None
+            value = b.input(tensor, original)
+            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+
+        def direct(key: str, as_type: Any) -> str | None:
+            """The output name a computed-type value may write itself (no Cast needed)."""
+            return outputs.get(key) or None if np.dtype(as_type) == dtype else None
+
+        def finish(value: Value, key: str, as_type: Any) -> None:
+            """Write ``value`` to output ``key`` unless it already wrote it."""
+            out = outputs.get(key)
+            if out and value != out:
+                b.Cast(value, as_type, out=out)
+
+        s = read("input")
+        assert s is not None
+        if self.skipped:
+            bias, skip = read("bias"), read("skip")
+            assert skip is not None
+            s = b.Add(s, skip, hint="input_skip",
+                      out=None if bias is not None else direct("sum", original))
+            if bias is not None:
+                s = b.Add(s, bias, hint="input_skip_bias", out=direct("sum", original))
+            finish(s, "sum", original)
+        axes = list(facts.axes)
+        mean = None
+        centered = s
+        if not self.rms:
+            mean = b.ReduceMean(s, axes, keepdims=True, hint="mean",
+                                out=direct("mean", np.float32))
+            centered = b.Sub(s, mean, hint="centered")
+        variance = b.ReduceMean(b.Pow(centered, np.asarray(2.0, dtype), hint="squared"),
+                                axes, keepdims=True, hint="variance")
+        std = b.Sqrt(b.Add(variance, np.asarray(self._epsilon(node), dtype), hint="var_eps"),
+                     hint="std")
+        shift, scale = read(self.shift_name), read(self.scale_name)
+        assert scale is not None
+        y = b.Mul(b.Div(centered, std, hint="normalized"), scale,
+                  hint="scaled", out=None if shift is not None else direct("output", original))
+        if shift is not None:
+            y = b.Add(y, shift, hint="shifted", out=direct("output", original))
+        finish(y, "output", original)
+        if mean is not None:
+            finish(mean, "mean", np.float32)
+        elif outputs.get("mean"):  # ONNX Runtime's RMS kernels leave it zero
+            b.ConstantOfShape(b.Shape(std, hint="stat_shape"), 0.0, np.float32,
+                              out=outputs["mean"])
+        if outputs.get("inv_std"):
+            inv_std = b.Reciprocal(std, hint="inv_std", out=direct("inv_std", np.float32))
+            finish(inv_std, "inv_std", np.float32)
+
+    def _epsilon(self, node: MatchedNode) -> float:
+        return float(node.args["epsilon"])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        stat_shape = [1 if axis in facts.axes else dim for axis, dim in enumerate(facts.shape)]
+        kinds = {"mean": (TensorProto.FLOAT, stat_shape),
+                 "inv_std": (TensorProto.FLOAT, stat_shape),
+                 "sum": (facts.elem_type, list(facts.shape))}
+        return [(facts.elem_type, list(facts.shape)),
+                *(kinds[name] for name in self.extra_outputs)]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x = tensors["input"]
+        assert x is not None
+        wide = np.float64
+        s = x.astype(wide)
+        if self.skipped:
+            skip = tensors["skip"]
+            assert skip is not None
+            s = s + skip.astype(wide)
+            if tensors.get("bias") is not None:
+                s = s + tensors["bias"].astype(wide)  # type: ignore[union-attr]
+        sum_out = s.astype(x.dtype)
+        axes = tuple(range(int(args.get("axis", -1)) % x.ndim, x.ndim))
+        mean = np.zeros_like(s.mean(axis=axes, keepdims=True)) if self.rms \
+            else s.mean(axis=axes, keepdims=True)
+        centered = s - mean
+        inv_std = 1.0 / np.sqrt((centered ** 2).mean(axis=axes, keepdims=True)
+                                + float(args["epsilon"]))
+        y = centered * inv_std * tensors[self.scale_name].astype(wide)  # type: ignore[union-attr]
+        if self.shift_name and tensors.get(self.shift_name) is not None:
+            y = y + tensors[self.shift_name].astype(wide)  # type: ignore[union-attr]
+        extra = {"mean": mean.astype(np.float32), "inv_std": inv_std.astype(np.float32),
+                 "sum": sum_out}
+        return [y.astype(x.dtype), *(extra[name] for name in self.extra_outputs)]
+
+
+class SkipLayerNormalization(_Normalization):
+    op_type = "SkipLayerNormalization"
+    skipped = True
+    extra_outputs = ("mean", "inv_std", "sum")
+    forms = (Form("SkipLayerNormalization", domains=MS,
+                  inputs=(In("input"), In("skip"), In("gamma"), In("beta", optional=True),
+                          In("bias", optional=True)),
+                  attributes={"epsilon": Attr("float", default=1e-12)}, outputs=(1, 4)),)
+    examples = (
+        Example((("x", F, ("N", "S", 8)), ("s", F, ("N", "S", 8)), ("g", F, (8,)),
+                 ("be", F, (8,)), ("bi", F, (8,))), ((F, 3), (F, 3), (F, 3), (F, 3)),
+                attrs={"epsilon": 1e-5}, domains=(("com.microsoft", 17),)),
+    )
+
+
+class SkipSimplifiedLayerNormalization(_Normalization):
+    op_type = "SkipSimplifiedLayerNormalization"
+    rms = True
+    skipped = True
+    shift_name = None
+    extra_outputs = ("mean", "inv_std", "sum")
+    forms = (Form("SkipSimplifiedLayerNormalization", domains=MS,
+                  inputs=(In("input"), In("skip"), In("gamma"), In("bias", optional=True)),
+                  attributes={"epsilon": Attr("float", default=1e-12)}, outputs=(1, 4)),)
+    examples = (
+        Example((("x", F, ("N", "S", 8)), ("s", F, ("S", 8)), ("g", F, (8,))),
+                ((F, 3), (F, 3), (F, 3), (F, 3)), domains=(("com.microsoft", 13),)),
+    )
+
+
+class SimplifiedLayerNormalization(_Normalization):
+    op_type = "SimplifiedLayerNormalization"
+    rms = True
+    scale_name = "scale"
+    shift_name = None
+    extra_outputs = ("inv_std",)
+    forms = (Form("SimplifiedLayerNormalization", domains=DEFAULT,
+                  inputs=(In("input"), In("scale")),
+                  attributes={"axis": Attr("int", default=-1),
+                              "epsilon": Attr("float", default=1e-5),
+                              "stash_type": Attr("int", default=1, choices=(1,))},
+                  outputs=(1, 2)),)
+    examples = (
+        Example((("x", F, ("N", "S", 8)), ("g", F, (8,))), ((F, 3), (F, 3)),
+                domains=(("", 17),)),
+    )
+
+
+class LayerNormalization(_Normalization):
+    op_type = "LayerNormalization"
+    scale_name = "scale"
+    shift_name = "bias"
+    extra_outputs = ("mean", "inv_std")
+    forms = (Form("LayerNormalization", domains=DEFAULT,
+                  inputs=(In("input"), In("scale"), In("bias", optional=True)),
+                  attributes={"axis": Attr("int", default=-1),
+                              "epsilon": Attr("float", default=1e-5),
+                              "stash_type": Attr("int", default=1, choices=(1,))},
+                  outputs=(1, 3)),)
+    examples = (
+        Example((("x", F, ("N", 4, 8)), ("g", F, (4, 8)), ("b", F, (4, 8))),
+                ((F, 3), (F, 3), (F, 3)), attrs={"axis": 1}, domains=(("", 13),)),
+    )
+
+
+PATTERNS = [SkipLayerNormalization(), SkipSimplifiedLayerNormalization(),
+            SimplifiedLayerNormalization(), LayerNormalization()]

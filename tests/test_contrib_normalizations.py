@@ -1,0 +1,290 @@
+"""ONNX Runtime's normalizations, decomposed: against torch (float64: ``F.layer_norm``, and
+RMSNorm written out) and against ONNX Runtime's own kernel for the original node, every
+output, with optional inputs and outputs present or absent, broadcast skips, float16/32
+(and float64 where the schema takes it), dynamic dims and the opset ends."""
+
+from __future__ import annotations
+
+import tempfile
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer.patterns.contrib_normalizations import (
+    LayerNormalization,
+    SimplifiedLayerNormalization,
+    SkipLayerNormalization,
+    SkipSimplifiedLayerNormalization,
+)
+from decomposer.testing import Case, check_pattern
+
+from _helpers import make_model, run_onnxruntime
+
+TOLERANCE = {np.float32: 2e-5, np.float16: 4e-3, np.float64: 1e-10}
+STAT_NAMES = {"mean": 1, "inv_std": 2, "sum": 3}
+
+
+def _t(a):
+    return torch.from_numpy(np.asarray(a, np.float64))
+
+
+def torch_reference(op, x, skip=None, scale=None, beta=None, bias=None, eps=1e-5, axis=-1):
+    """(output, mean, inv_std, sum) in float64 by torch; mean and inv_std keep the
+    normalized axes as 1."""
+    s = _t(x) + (0 if skip is None else _t(skip)) + (0 if bias is None else _t(bias))
+    axes = tuple(range(axis % x.ndim, x.ndim))
+    rms = "Simplified" in op
+    if rms:
+        inv_std = torch.rsqrt((s * s).mean(dim=axes, keepdim=True) + eps)
+        y = s * inv_std * _t(scale)
+        mean = torch.zeros_like(inv_std)
+    else:
+        y = F.layer_norm(s, s.shape[axis % x.ndim:], None if scale.ndim < len(axes) else
+                         _t(scale), eps=eps)
+        if scale.ndim < len(axes):
+            y = y * _t(scale)
+        if beta is not None:
+            y = y + _t(beta)
+        mean = s.mean(dim=axes, keepdim=True)
+        inv_std = torch.rsqrt(s.var(dim=axes, unbiased=False, keepdim=True) + eps)
+    return [y.numpy(), mean.numpy(), inv_std.numpy(), s.numpy()]
+
+
+def _model(op, arrays, outputs, attrs, opset, domain):
+    """``arrays``: input arrays in schema order, None for an absent optional one; every
+    dim but the last symbolic, so the second input set may change them."""
+    names = [f"in{i}" if a is not None else "" for i, a in enumerate(arrays)]
+    inputs = [helper.make_tensor_value_info(
+        name, helper.np_dtype_to_tensor_dtype(a.dtype),
+        [f"{name}_d{i}" if i < a.ndim - 1 else a.shape[-1] for i in range(a.ndim)]
+        if a.ndim > 1 else list(a.shape))
+        for name, a in zip(names, arrays, strict=True) if name]
+    x = arrays[0]
+    elem = helper.np_dtype_to_tensor_dtype(x.dtype)
+    outs = [helper.make_tensor_value_info(
+        name, elem if kind in ("output", "sum") else TensorProto.FLOAT, [None] * x.ndim)
+        for kind, name in outputs if name]
+    node = helper.make_node(op, names, [name for _, name in outputs], name="norm",
+                            domain=domain, **attrs)
+    extra = ["com.microsoft"] if domain else []
+    return make_model([node], inputs, outs, opset, extra_opsets=extra), \
+        {n: a for n, a in zip(names, arrays, strict=True) if n}
+
+
+SKIP_OUTPUTS = [("output", "y"), ("mean", "mean"), ("inv_std", "inv_std"), ("sum", "sum")]
+
+
+def _skip_arrays(rng, shape, dtype, skip_shape=None, beta=True, bias=True, simplified=False):
+    hidden = shape[-1]
+    x = rng.standard_normal(shape).astype(dtype)
+    skip = rng.standard_normal(skip_shape or shape).astype(dtype)
+    gamma = rng.standard_normal(hidden).astype(dtype)
+    vectors = [rng.standard_normal(hidden).astype(dtype) if flag else None
+               for flag in ((bias,) if simplified else (beta, bias))]
+    return [x, skip, gamma, *vectors]
+
+
+def _compare(got, want, dtype, what):
+    """Within the tolerance of the output's own type (the statistics are float32 for every
+    input type), or of the input's if that is coarser."""
+    tolerance = max(TOLERANCE[np.asarray(got).dtype.type], TOLERANCE[dtype])
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64),
+                               atol=tolerance, rtol=tolerance, err_msg=what)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("skip_shape", ["full", "SH", "1SH"])
+@pytest.mark.parametrize("op", ["SkipLayerNormalization", "SkipSimplifiedLayerNormalization"])
+def test_skip_normalizations_match_torch_and_the_kernel(op, skip_shape, dtype):
+    simplified = "Simplified" in op
+    rng = np.random.default_rng(len(op) + len(skip_shape))
+
+    def arrays_for(shape):
+        skip = {"full": shape, "SH": shape[1:], "1SH": (1, *shape[1:])}[skip_shape]
+        return _skip_arrays(rng, shape, dtype, skip, simplified=simplified)
+
+    arrays = arrays_for((2, 5, 16))
+    model, _ = _model(op, arrays, SKIP_OUTPUTS, {"epsilon": 1e-5}, 17, "com.microsoft")
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {op: 1}
+    onnx.checker.check_model(out, full_check=True)
+    for shape in [(2, 5, 16), (3, 2, 16)]:  # dynamic batch and sequence
+        arrays = arrays_for(shape)
+        feeds = {f"in{i}": a for i, a in enumerate(arrays) if a is not None}
+        got = run_onnxruntime(out, feeds)
+        x, skip, gamma, *rest = arrays
+        beta, bias = (None, rest[0]) if simplified else rest
+        want = torch_reference(op, x, skip, gamma, beta, bias)
+        kernel = run_onnxruntime(model, feeds)
+        for index, (g, w, k) in enumerate(zip(got, want, kernel, strict=True)):
+            assert g.dtype == k.dtype and g.shape == k.shape, (index, g.dtype, k.dtype)
+            _compare(g, w, dtype, f"{op} output {index} vs torch")
+            _compare(g, k, dtype, f"{op} output {index} vs ONNX Runtime's kernel")
+
+
+@pytest.mark.parametrize("present", [(False, False), (True, False), (False, True)])
+def test_optional_inputs_and_outputs(present):
+    """beta and bias absent or alone (an absent one written as ""), and only some outputs
+    asked for: the node writes exactly those."""
+    beta_on, bias_on = present
+    rng = np.random.default_rng(7)
+    arrays = _skip_arrays(rng, (2, 3, 8), np.float32, beta=beta_on, bias=bias_on)
+    outputs = [("output", "y"), ("mean", ""), ("inv_std", ""), ("sum", "sum")]
+    model, feeds = _model("SkipLayerNormalization", arrays, outputs, {}, 17, "com.microsoft")
+    out = decomposer.decompose(model)
+    assert [o.name for o in out.graph.output] == ["y", "sum"]
+    got, kernel = run_onnxruntime(out, feeds), run_onnxruntime(model, feeds)
+    for g, k in zip(got, kernel, strict=True):
+        _compare(g, k, np.float32, "vs ONNX Runtime's kernel (epsilon default 1e-12)")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("op", ["SimplifiedLayerNormalization", "LayerNormalization"])
+def test_default_domain_normalizations(op, axis, dtype):
+    rng = np.random.default_rng(axis + 5)
+    shape = (2, 3, 8)
+    x = rng.standard_normal(shape).astype(dtype)
+    scale = rng.standard_normal(shape[axis % 3:]).astype(dtype)
+    arrays = [x, scale]
+    outputs = [("output", "y"), ("inv_std", "inv_std")]
+    if op == "LayerNormalization":
+        arrays.append(rng.standard_normal(shape[axis % 3:]).astype(dtype))
+        outputs = [("output", "y"), ("mean", "mean"), ("inv_std", "inv_std")]
+    opset = 17 if op == "SimplifiedLayerNormalization" else 16
+    model, feeds = _model(op, arrays, outputs, {"axis": axis, "epsilon": 1e-4}, opset, "")
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {op: 1} and all(not n.domain for n in out.graph.node)
+    got, kernel = run_onnxruntime(out, feeds), run_onnxruntime(model, feeds)
+    want = torch_reference(op, x, scale=scale, beta=arrays[2] if len(arrays) > 2 else None,
+                           eps=1e-4, axis=axis)
+    picked = [want[0], *(want[STAT_NAMES[kind]] for kind, _ in outputs[1:])]
+    for index, (g, w, k) in enumerate(zip(got, picked, kernel, strict=True)):
+        assert g.dtype == k.dtype and g.shape == k.shape
+        _compare(g, w, dtype, f"{op} output {index} vs torch")
+        _compare(g, k, dtype, f"{op} output {index} vs ONNX Runtime's kernel")
+
+
+def test_layer_normalization_from_17_is_standard_and_left_alone():
+    x = np.ones((2, 8), np.float32)
+    model, _ = _model("LayerNormalization", [x, x[0]], [("output", "y")], {}, 17, "")
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {} and [n.op_type for n in out.graph.node] == ["LayerNormalization"]
+
+
+@pytest.mark.parametrize("pattern, cases", [
+    (SkipLayerNormalization(), [Case([np.random.default_rng(1).standard_normal(s).astype(
+        np.float32) for s in [(2, 3, 8), (2, 3, 8), (8,), (8,), (8,)]],
+        attrs={"epsilon": 1e-5}, symbolic={0: (0, 1), 1: (0, 1)},
+        output_dtype=[np.float32] * 4)]),
+    (SkipSimplifiedLayerNormalization(), [Case([np.random.default_rng(2).standard_normal(
+        s).astype(np.float32) for s in [(4, 8), (4, 8), (8,), (8,)]],
+        attrs={"epsilon": 1e-5}, symbolic={0: (0,), 1: (0,)},
+        output_dtype=[np.float32] * 4)]),
+    (SimplifiedLayerNormalization(), [Case([np.random.default_rng(3).standard_normal(
+        s).astype(np.float32) for s in [(2, 5, 6), (6,)]], symbolic={0: (0, 1)},
+        output_dtype=[np.float32] * 2)]),
+    (LayerNormalization(), [Case([np.random.default_rng(4).standard_normal(
+        s).astype(np.float32) for s in [(2, 5, 6), (5, 6), (5, 6)]], attrs={"axis": -2},
+        symbolic={0: (0,)}, output_dtype=[np.float32] * 3)]),
+], ids=lambda value: getattr(value, "op_type", ""))
+def test_kit_at_the_opset_ends(pattern, cases):
+    """The test kit: every output against the pattern's numpy reference on ONNX Runtime,
+    full_check, and the portability rules, at opset 11 and the newest (LayerNormalization:
+    below 17 only, where it is not standard)."""
+    newest = 16 if pattern.op_type == "LayerNormalization" else \
+        onnx.defs.onnx_opset_version()
+    check_pattern(pattern, cases, opsets=(11, newest), atol=2e-5, rtol=2e-5)
+
+
+def test_target_ort_keeps_the_nodes():
+    rng = np.random.default_rng(0)
+    arrays = _skip_arrays(rng, (2, 3, 8), np.float32)
+    model, _ = _model("SkipLayerNormalization", arrays, [("output", "y")], {}, 17,
+                      "com.microsoft")
+    out, report = decomposer.decompose_with_report(model, target="ort")
+    assert report.counts == {} and out.graph.node[0].op_type == "SkipLayerNormalization"
+    x = np.ones((2, 8), np.float32)
+    model, _ = _model("SimplifiedLayerNormalization", [x, x[0]], [("output", "y")], {}, 17,
+                      "")
+    out, report = decomposer.decompose_with_report(model, target="ort")
+    assert report.counts == {}, "ONNX Runtime runs its default-domain registrations itself"
+
+
+def test_rejections_name_the_node_and_the_reason():
+    x = np.ones((2, 3, 8), np.float32)
+    model, _ = _model("SkipLayerNormalization", [x, x, x[0, 0], x[0]], [("output", "y")], {},
+                      17, "com.microsoft")
+    with pytest.raises(decomposer.UnsupportedNodeError, match="node 'norm'.*beta 'in3' has rank 2, more than the normalized"):
+        decomposer.decompose(model)
+    model, _ = _model("SkipLayerNormalization", [x.astype(np.int32)] * 2 + [x[0, 0]],
+                      [("output", "y")], {}, 17, "com.microsoft")
+    with pytest.raises(decomposer.UnsupportedNodeError, match="input must be"):
+        decomposer.decompose(model)
+    model, _ = _model("SimplifiedLayerNormalization", [x, x[0, 0]], [("output", "y")],
+                      {"axis": 3}, 17, "")
+    with pytest.raises(decomposer.UnsupportedNodeError, match="axis 3 is out of range"):
+        decomposer.decompose(model)
+
+
+def test_fused_back_by_onnx_runtime():
+    """Written in the order of ONNX Runtime's LayerNormFusion: with its optimizations on,
+    the decomposed model runs ONNX Runtime's own normalization kernels again."""
+    rng = np.random.default_rng(5)
+    arrays = _skip_arrays(rng, (2, 3, 8), np.float32, beta=True, bias=False)
+    model, _ = _model("SkipLayerNormalization", arrays, [("output", "y")], {}, 17,
+                      "com.microsoft")
+    out = decomposer.decompose(model)
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    with tempfile.TemporaryDirectory() as folder:
+        options.optimized_model_filepath = f"{folder}/fused.onnx"
+        ort.InferenceSession(out.SerializeToString(), options,
+                             providers=["CPUExecutionProvider"])
+        ops = [n.op_type for n in onnx.load(f"{folder}/fused.onnx").graph.node]
+    assert "LayerNormalization" in ops or "SkipLayerNormalization" in ops, ops
+
+
+# -- portability (the hook of scripts/portability_cases.py) ---------------------------------
+
+
+def portability_cases():
+    """A residual block as ONNX Runtime's optimizer leaves it: SkipLayerNormalization with
+    every output, then SkipSimplifiedLayerNormalization on its sum, then
+    SimplifiedLayerNormalization (default domain); dynamic batch and sequence."""
+    rng = np.random.default_rng(11)
+    hidden = 8
+    vectors = {name: rng.standard_normal(hidden).astype(np.float32)
+               for name in ("gamma", "beta", "bias", "gamma2", "scale")}
+    initializers = [onnx.numpy_helper.from_array(v, n) for n, v in vectors.items()]
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", "S", hidden])
+              for n in ("x", "skip")]
+    nodes = [
+        helper.make_node("SkipLayerNormalization", ["x", "skip", "gamma", "beta", "bias"],
+                         ["ln", "", "", "sum"], domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("SkipSimplifiedLayerNormalization", ["ln", "sum", "gamma2"],
+                         ["rms"], domain="com.microsoft", epsilon=1e-5),
+        helper.make_node("SimplifiedLayerNormalization", ["rms", "scale"], ["y"],
+                         epsilon=1e-5)]
+    model = make_model(nodes, inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, ["N", "S", hidden])], 17, extra_opsets=["com.microsoft"],
+        initializers=initializers)
+    feeds, expected = [], []
+    for n, s in [(2, 3), (1, 5)]:
+        x = rng.standard_normal((n, s, hidden)).astype(np.float32)
+        skip = rng.standard_normal((n, s, hidden)).astype(np.float32)
+        ln, _, _, total = torch_reference("SkipLayerNormalization", x, skip, vectors["gamma"],
+                                          vectors["beta"], vectors["bias"])
+        rms = torch_reference("SkipSimplifiedLayerNormalization", ln, total,
+                              vectors["gamma2"])[0]
+        y = torch_reference("SimplifiedLayerNormalization", rms, scale=vectors["scale"])[0]
+        feeds.append({"x": x, "skip": skip})
+        expected.append([y.astype(np.float32)])
+    return [{"id": "contrib normalizations chain (com.microsoft and default domain)",
+             "model": model, "feeds": feeds, "expected": expected, "atol": 2e-5}]
