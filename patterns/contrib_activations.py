@@ -15,7 +15,7 @@ docs/ContribOperators.md states them:
 
 Before -> after (Gelu)::
 
-    com.microsoft::Gelu(X)  ->  Mul(Mul(X, 0.5), Add(Erf(Mul(X, 1/sqrt(2))), 1))
+    com.microsoft::Gelu(X)  ->  Mul(Mul(X, Add(Erf(Div(X, sqrt(2))), 1)), 0.5)
 
 Always the elementwise form, at every opset: ONNX's own Gelu (opset 20) would need every
 engine's support for it, which the suite does not measure yet. float16 and bfloat16 are
@@ -100,15 +100,17 @@ class _Activation(Pattern[Facts]):
 
 
 def _gelu(b: Builder, x: Value, out: str | None = None) -> Value:
-    """0.5 * x * (1 + erf(x / sqrt(2))). ONNX Runtime has no float64 Erf kernel
-    (patterns/_kernels.py): a float64 x takes its erf in float32 (relative error ~1e-7)."""
-    scaled = x * (1.0 / math.sqrt(2.0))
+    """0.5 * x * (1 + erf(x / sqrt(2))), in the order ONNX Runtime's GeluFusion recognizes
+    (Div, Erf, Add, Mul, Mul), so it runs ONNX Runtime's Gelu kernel again. ONNX Runtime has
+    no float64 Erf kernel (patterns/_kernels.py): a float64 x takes its erf in float32
+    (relative error ~1e-7)."""
+    scaled = b.Div(x, np.asarray(math.sqrt(2.0), x.dtype), hint="x_over_sqrt2")
     if not ort_runs("Erf", TensorProto.DOUBLE) and x.dtype == np.float64:
         erf = b.Cast(b.Erf(b.Cast(scaled, np.float32, hint="erf_in"), hint="erf"), np.float64,
                      hint="erf_f64")
     else:
         erf = b.Erf(scaled, hint="erf")
-    return b.Mul(x * 0.5, erf + 1.0, hint="gelu", out=out)
+    return b.Mul(b.Mul(x, erf + 1.0, hint="x_erf"), 0.5, hint="gelu", out=out)
 
 
 class Gelu(_Activation):

@@ -1,0 +1,130 @@
+"""Decomposed ONNX Runtime contrib ops against ONNX Runtime's own contrib kernels.
+
+In: ``--rounds R`` (default 9), ``--threads T`` (default 1), ``--json FILE``.
+Out: per op and size (BERT-base-like rows: hidden 768, 128 and 8 x 128 tokens), the median
+time of the decomposed node and its median ratio to the contrib kernel (the baseline), on
+ONNX Runtime CPU with its default optimizations (which re-fuse the decomposed
+normalizations into its own kernels), over interleaved rounds; and the same decomposed
+model with graph optimizations at ``basic`` (no fusion: what the elementwise ops cost).
+Outputs are compared before timing. Ops with no CPU kernel (BiasAdd, BiasSplitGelu) are
+left out. Used for the contrib-op table of docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import decomposer  # noqa: E402
+
+from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
+
+HIDDEN = 768
+
+
+def _model(op: str, inputs: dict[str, np.ndarray], outputs: int, attrs: dict, domain: str,
+           opset: int = 17) -> onnx.ModelProto:
+    infos = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(a.shape))
+             for name, a in inputs.items()]
+    names = [f"y{i}" for i in range(outputs)]
+    node = helper.make_node(op, list(inputs), names, name="op", domain=domain, **attrs)
+    rank = next(iter(inputs.values())).ndim
+    graph = helper.make_graph([node], "bench", infos,
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * rank)
+                               for n in names])
+    imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
+    return helper.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+def cases(tokens: tuple[int, int]) -> list[tuple[str, onnx.ModelProto, dict[str, np.ndarray]]]:
+    rng = np.random.default_rng(0)
+
+    def rows() -> np.ndarray:
+        return rng.standard_normal((*tokens, HIDDEN)).astype(np.float32)
+
+    def vector() -> np.ndarray:
+        return rng.standard_normal(HIDDEN).astype(np.float32)
+
+    found = []
+    for op, inputs, outputs, attrs, domain in [
+        ("Gelu", {"x": rows()}, 1, {}, "com.microsoft"),
+        ("BiasGelu", {"x": rows(), "b": vector()}, 1, {}, "com.microsoft"),
+        ("FastGelu", {"x": rows(), "b": vector()}, 1, {}, "com.microsoft"),
+        ("QuickGelu", {"x": rows()}, 1, {"alpha": 1.702}, "com.microsoft"),
+        ("SkipLayerNormalization", {"x": rows(), "s": rows(), "g": vector(), "be": vector(),
+                                    "bi": vector()}, 1, {"epsilon": 1e-5}, "com.microsoft"),
+        ("SkipLayerNormalization", {"x": rows(), "s": rows(), "g": vector(), "be": vector(),
+                                    "bi": vector()}, 4, {"epsilon": 1e-5}, "com.microsoft"),
+        ("SkipSimplifiedLayerNormalization", {"x": rows(), "s": rows(), "g": vector()}, 1,
+         {"epsilon": 1e-5}, "com.microsoft"),
+        ("SimplifiedLayerNormalization", {"x": rows(), "g": vector()}, 1, {"epsilon": 1e-5},
+         ""),
+    ]:
+        label = f"{op}{' (4 outputs)' if outputs == 4 else ''}"
+        found.append((label, _model(op, inputs, outputs, attrs, domain), inputs))
+    return found
+
+
+class Unfused(OrtRunner):
+    """The decomposed model with ONNX Runtime's optimizations at ``basic``: no fusion."""
+
+    def __init__(self, model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+                 threads: int) -> None:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.session = ort.InferenceSession(model.SerializeToString(), options,
+                                            providers=["CPUExecutionProvider"])
+        self.feeds = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in feeds.items()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.run_options = ort.RunOptions()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default="bench-results/bench_contrib.json")
+    args = parser.parse_args(argv)
+    rows = []
+    print("| op | tokens | decomposed (fused by ORT) / kernel | decomposed, no fusion / "
+          "kernel | kernel ms |\n|---|---|---|---|---|")
+    for tokens in [(1, 128), (8, 128)]:
+        for label, model, feeds in cases(tokens):
+            out = decomposer.decompose(model)
+            variants = {"kernel": OrtRunner(model, feeds, args.threads),
+                        "decomposed": OrtRunner(out, feeds, args.threads),
+                        "unfused": Unfused(out, feeds, args.threads)}
+            want = variants["kernel"].results()
+            for name in ("decomposed", "unfused"):
+                for got, expected in zip(variants[name].results(), want, strict=True):
+                    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+            _, times, ratios = interleaved_rounds(variants, "kernel", args.rounds, time_calls)
+            row = {"op": label, "tokens": list(tokens),
+                   "kernel_ms": statistics.median(times["kernel"]) * 1e3,
+                   "ratio_fused": statistics.median(ratios["decomposed"]),
+                   "ratio_unfused": statistics.median(ratios["unfused"])}
+            rows.append(row)
+            print(f"| {label} | {tokens[0]}x{tokens[1]} | {row['ratio_fused']:.2f}x | "
+                  f"{row['ratio_unfused']:.2f}x | {row['kernel_ms']:.3f} |")
+    target = Path(args.json)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps({"threads": args.threads, "rounds": args.rounds,
+                                  "rows": rows}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
