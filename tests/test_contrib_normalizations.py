@@ -221,7 +221,8 @@ def test_rejections_name_the_node_and_the_reason():
     x = np.ones((2, 3, 8), np.float32)
     model, _ = _model("SkipLayerNormalization", [x, x, x[0, 0], x[0]], [("output", "y")], {},
                       17, "com.microsoft")
-    with pytest.raises(decomposer.UnsupportedNodeError, match="node 'norm'.*beta 'in3' has rank 2, more than the normalized"):
+    with pytest.raises(decomposer.UnsupportedNodeError,
+                       match="node 'norm'.*beta 'in3' has rank 2, more than the normalized"):
         decomposer.decompose(model)
     model, _ = _model("SkipLayerNormalization", [x.astype(np.int32)] * 2 + [x[0, 0]],
                       [("output", "y")], {}, 17, "com.microsoft")
