@@ -211,6 +211,20 @@ class Builder:
         self._shared: ConstantPool = constant_pool if constant_pool is not None else {}
         self._own: ConstantPool = {}
 
+    def pool_constants(self, names: set[str]) -> list[onnx.NodeProto]:
+        """Constant nodes for the pooled constants (made by earlier replacements) among
+        ``names``, for checking this replacement on its own."""
+        found = []
+        for key, name in self._shared.items():
+            if name in names:
+                node = onnx.NodeProto(op_type="Constant", output=[name])
+                attr = node.attribute.add()
+                attr.name, attr.type = "value", onnx.AttributeProto.TENSOR
+                attr.t.CopyFrom(_tensor_for(key, np.frombuffer(
+                    key[2], dtype=np.dtype(key[0])).reshape(key[1])))
+                found.append(node)
+        return found
+
     def commit(self) -> None:
         """Publish this replacement's constants to the shared pool (its nodes are kept),
         first dropping those no node of it reads (a Concat that left an empty one out)."""

@@ -58,6 +58,7 @@ def validate_structure(model: onnx.ModelProto) -> None:
             if init.data_type not in _ELEMENT_TYPES:
                 raise InvalidModelError(f"initializer '{init.name}' has element type "
                                         f"{init.data_type}, which ONNX does not define")
+        _check_passed_through(graph)
     # onnx.proto is proto2: a string field may hold bytes that are not UTF-8, which
     # protobuf then hands back as bytes. Such names cannot be matched or written safely.
     for node in model_nodes(model):
@@ -106,6 +107,45 @@ def _check_tensor_type(name: str, tensor_type: onnx.TypeProto.Tensor, required: 
     if count > _INT64_MAX:
         raise InvalidModelError(f"tensor '{name}' declares a static shape of more than 2**63 "
                                 f"elements")
+
+
+def replacement_failure(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto],
+                        opset_imports: list[onnx.OperatorSetIdProto]) -> str | None:
+    """What ONNX's strict shape inference says against a replacement on its own, fed by
+    the replaced node's inputs (their types as the model declares or infers them): a
+    custom node whose static shapes its standard ops cannot take (a bias of another width,
+    a skip that does not broadcast). None when it passes."""
+    graph = onnx.GraphProto(name="replacement", node=nodes, input=inputs)
+    produced = {name for node in nodes for name in node.output}
+    graph.output.extend(onnx.ValueInfoProto(name=name) for name in sorted(produced)[:1])
+    model = onnx.helper.make_model(graph, opset_imports=opset_imports)
+    try:
+        onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception as exc:
+        return first_line(exc)
+    return None
+
+
+def _check_passed_through(graph: onnx.GraphProto) -> None:
+    """A graph output that is a graph input must not declare another element type, rank or
+    static dim than the input does: shape inference would carry the contradiction into
+    every node that reads the tensor (the checker only notices once one does)."""
+    inputs = {value.name: value.type.tensor_type for value in graph.input
+              if value.type.HasField("tensor_type")}
+    for output in graph.output:
+        declared, source = output.type.tensor_type, inputs.get(output.name)
+        if source is None or not output.type.HasField("tensor_type"):
+            continue
+        clash = declared.elem_type and source.elem_type and \
+            declared.elem_type != source.elem_type
+        if declared.HasField("shape") and source.HasField("shape"):
+            clash = clash or len(declared.shape.dim) != len(source.shape.dim) or any(
+                a.HasField("dim_value") and b.HasField("dim_value") and a.dim_value != b.dim_value
+                for a, b in zip(declared.shape.dim, source.shape.dim, strict=False))
+        if clash:
+            raise InvalidModelError(f"graph output '{output.name}' is the graph input of that "
+                                    f"name but declares another type or shape; fix the "
+                                    f"export")
 
 
 def checkable(model: onnx.ModelProto, classifier: OpClassifier,

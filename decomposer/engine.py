@@ -33,7 +33,12 @@ import onnx
 
 from decomposer import memo
 from decomposer.builder import MIN_OPSET, TARGETS, Builder, ConstantPool, NameAllocator
-from decomposer.checking import check_input, check_output, validate_structure
+from decomposer.checking import (
+    check_input,
+    check_output,
+    replacement_failure,
+    validate_structure,
+)
 from decomposer.cleanup import (
     drop_unused_imports,
     function_domains,
@@ -163,6 +168,11 @@ class _Rewriter:
         if missing:
             raise PatternBugError(f"pattern {pattern.name} did not write output(s) {missing} "
                                   f"of node '{node.name}'")
+        failure = self._shapes_refused(node, builder, scope, opsets)
+        if failure:
+            reject(f"pattern {pattern.name}: the node's input shapes do not fit the standard "
+                   f"ops it becomes ({failure})")
+            return None
         builder.commit()
         if key is not None:
             kept = memo.template(node, builder, recorder, declared)
@@ -171,6 +181,27 @@ class _Rewriter:
                 variants.append(kept)
         self._replaced(node, scope, pattern.name, builder.nodes, declared)
         return builder.nodes
+
+    def _shapes_refused(self, node: onnx.NodeProto, builder: Builder, scope: Scope,
+                        opsets: dict[str, int]) -> str | None:
+        """ONNX shape inference on the replacement alone (see checking.replacement_failure);
+        run once per build, so identical nodes replaying it pay nothing."""
+        produced = {out for new in builder.nodes for out in new.output}
+        read = {name for new in builder.nodes for name in new.input if name}
+        inputs = []
+        pooled = builder.pool_constants(read - produced)
+        pooled_names = {n.output[0] for n in pooled}
+        for name in sorted(read - produced - pooled_names):
+            tensor = self.types.tensor_type(scope.namespace, name)
+            if tensor is None or not tensor.elem_type:
+                return None  # an input of unknown type (a function body's): nothing to say
+            value = onnx.ValueInfoProto(name=name)
+            value.type.tensor_type.CopyFrom(tensor)
+            inputs.append(value)
+        used = {norm_domain(new.domain) for new in builder.nodes} | {""}
+        imports = [onnx.helper.make_opsetid(domain, opsets.get(domain, 1))
+                   for domain in sorted(used)]
+        return replacement_failure(pooled + list(builder.nodes), inputs, imports)
 
     def _replaced(self, node: onnx.NodeProto, scope: Scope, pattern_name: str,
                   nodes: list[onnx.NodeProto], declared: Sequence[tuple[int | None, Any]]) -> None:

@@ -237,6 +237,9 @@ class SearchSorted(Pattern):
                 raise Reject(f"{label} has element type {_name(elem_type)}; supported: "
                              "uint8, int8/16/32/64, float16, bfloat16, float32, float64")
         assert sequence_type is not None and values_type is not None
+        if T.BFLOAT16 in (sequence_type, values_type) and ctx.opset < 13:
+            raise Reject(f"bfloat16 needs opset 13 or newer (Cast has no bfloat16 at opset "
+                         f"{ctx.opset})")
         if values_shape == ():
             kind = "number" if ctx.constant(values) is not None else "zero_dim"
         else:
