@@ -1,5 +1,6 @@
 """ONNX Runtime's normalizations (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
-SimplifiedLayerNormalization, and LayerNormalization below opset 17) as standard ops.
+SimplifiedLayerNormalization, LayerNormalization below opset 17, EmbedLayerNormalization)
+as standard ops.
 
 Matches, with the inputs, attributes and outputs of the schemas ONNX Runtime 1.32 registers
 (``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema()``; described in
@@ -25,6 +26,16 @@ its docs/ContribOperators.md) and the numbers of its CPU kernels:
   ``Y[, Mean][, InvStdDev]`` in the default domain **below opset 17**, where ONNX Runtime's own
   registration (what its optimizer writes for a model exported at opset 16 or lower) is no
   standard op yet; from 17 it is ONNX's LayerNormalization and never offered to patterns.
+
+- ``com.microsoft::EmbedLayerNormalization(input_ids[, segment_ids], word_embedding,
+  position_embedding[, segment_embedding], gamma, beta[, mask][, position_ids];
+  epsilon=1e-12, mask_index_type=1)`` -> ``output[, mask_index][, embedding_sum]``: BERT's
+  embeddings. ``s = word_embedding[input_ids] + position_embedding[position_ids]
+  (+ segment_embedding[segment_ids])``, positions 0..S-1 when position_ids is absent
+  (position_ids (B, S) or (1, S)); output the LayerNorm of s; ``mask_index`` int32 (B,):
+  how many elements of each mask row are 1, as ONNX Runtime's kernel counts them (zeros
+  without a mask); ``embedding_sum`` is s. ids are int32; an id out of its table's range
+  fails at run time as a Gather does.
 
 Before -> after (SkipLayerNormalization with bias and beta)::
 
@@ -54,9 +65,11 @@ from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import require_broadcastable, require_shape, require_type
-from decomposer.examples import Example, F
+from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._sampling import positions as sequence_positions
 
 MS = frozenset({"com.microsoft"})
 DEFAULT = frozenset({""})
@@ -70,6 +83,56 @@ class Facts(NamedTuple):
     rank: int
     axes: tuple[int, ...]  # normalized over, non-negative
     shape: tuple[int | str | None, ...]
+
+
+def _direct(outputs: dict[str, str], key: str, as_type: Any, dtype: Any) -> str | None:
+    """The output name a value computed in ``dtype`` may write itself (no Cast needed)."""
+    return outputs.get(key) or None if np.dtype(as_type) == np.dtype(dtype) else None
+
+
+def _finish(b: Builder, outputs: dict[str, str], value: Value, key: str, as_type: Any
+            ) -> None:
+    """Write ``value`` to output ``key`` (a Cast) unless it already wrote it."""
+    out = outputs.get(key)
+    if out and value != out:
+        b.Cast(value, as_type, out=out)
+
+
+def normalize(b: Builder, s: Value, axes: list[int], epsilon: float, rms: bool,
+              scale: Value, shift: Value | None, dtype: Any, original: Any,
+              outputs: dict[str, str]) -> None:
+    """Layer-normalize (or RMS-normalize) ``s`` over ``axes`` and write the ``outputs``
+    asked for ("output" in ``original``'s type; "mean", "inv_std" as float32), computing
+    in ``dtype``, in the order ONNX Runtime's LayerNorm fusions recognize."""
+
+    def direct(key: str, as_type: Any) -> str | None:
+        return _direct(outputs, key, as_type, dtype)
+
+    def finish(value: Value, key: str, as_type: Any) -> None:
+        _finish(b, outputs, value, key, as_type)
+
+    mean = None
+    centered = s
+    if not rms:
+        mean = b.ReduceMean(s, axes, keepdims=True, hint="mean",
+                            out=direct("mean", np.float32))
+        centered = b.Sub(s, mean, hint="centered")
+    variance = b.ReduceMean(b.Pow(centered, np.asarray(2.0, dtype), hint="squared"),
+                            axes, keepdims=True, hint="variance")
+    std = b.Sqrt(b.Add(variance, np.asarray(epsilon, dtype), hint="var_eps"), hint="std")
+    y = b.Mul(b.Div(centered, std, hint="normalized"), scale, hint="scaled",
+              out=None if shift is not None else direct("output", original))
+    if shift is not None:
+        y = b.Add(y, shift, hint="shifted", out=direct("output", original))
+    finish(y, "output", original)
+    if mean is not None:
+        finish(mean, "mean", np.float32)
+    elif outputs.get("mean"):  # ONNX Runtime's RMS kernels leave it zero
+        b.ConstantOfShape(b.Shape(std, hint="stat_shape"), 0.0, np.float32,
+                          out=outputs["mean"])
+    if outputs.get("inv_std"):
+        inv_std = b.Reciprocal(std, hint="inv_std", out=direct("inv_std", np.float32))
+        finish(inv_std, "inv_std", np.float32)
 
 
 class _Normalization(Pattern[Facts]):
@@ -131,52 +194,21 @@ class _Normalization(Pattern[Facts]):
             value = b.input(tensor, original)
             return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
 
-        def direct(key: str, as_type: Any) -> str | None:
-            """The output name a computed-type value may write itself (no Cast needed)."""
-            return outputs.get(key) or None if np.dtype(as_type) == dtype else None
-
-        def finish(value: Value, key: str, as_type: Any) -> None:
-            """Write ``value`` to output ``key`` unless it already wrote it."""
-            out = outputs.get(key)
-            if out and value != out:
-                b.Cast(value, as_type, out=out)
-
         s = read("input")
         assert s is not None
         if self.skipped:
             bias, skip = read("bias"), read("skip")
             assert skip is not None
             s = b.Add(s, skip, hint="input_skip",
-                      out=None if bias is not None else direct("sum", original))
+                      out=None if bias is not None else _direct(outputs, "sum", original, dtype))
             if bias is not None:
-                s = b.Add(s, bias, hint="input_skip_bias", out=direct("sum", original))
-            finish(s, "sum", original)
-        axes = list(facts.axes)
-        mean = None
-        centered = s
-        if not self.rms:
-            mean = b.ReduceMean(s, axes, keepdims=True, hint="mean",
-                                out=direct("mean", np.float32))
-            centered = b.Sub(s, mean, hint="centered")
-        variance = b.ReduceMean(b.Pow(centered, np.asarray(2.0, dtype), hint="squared"),
-                                axes, keepdims=True, hint="variance")
-        std = b.Sqrt(b.Add(variance, np.asarray(self._epsilon(node), dtype), hint="var_eps"),
-                     hint="std")
+                s = b.Add(s, bias, hint="input_skip_bias",
+                          out=_direct(outputs, "sum", original, dtype))
+            _finish(b, outputs, s, "sum", original)
         shift, scale = read(self.shift_name), read(self.scale_name)
         assert scale is not None
-        y = b.Mul(b.Div(centered, std, hint="normalized"), scale,
-                  hint="scaled", out=None if shift is not None else direct("output", original))
-        if shift is not None:
-            y = b.Add(y, shift, hint="shifted", out=direct("output", original))
-        finish(y, "output", original)
-        if mean is not None:
-            finish(mean, "mean", np.float32)
-        elif outputs.get("mean"):  # ONNX Runtime's RMS kernels leave it zero
-            b.ConstantOfShape(b.Shape(std, hint="stat_shape"), 0.0, np.float32,
-                              out=outputs["mean"])
-        if outputs.get("inv_std"):
-            inv_std = b.Reciprocal(std, hint="inv_std", out=direct("inv_std", np.float32))
-            finish(inv_std, "inv_std", np.float32)
+        normalize(b, s, list(facts.axes), self._epsilon(node), self.rms, scale, shift, dtype,
+                  original, outputs)
 
     def _epsilon(self, node: MatchedNode) -> float:
         return float(node.args["epsilon"])
@@ -282,5 +314,129 @@ class LayerNormalization(_Normalization):
     )
 
 
+class EmbedFacts(NamedTuple):
+    elem_type: int  # of the embeddings and the outputs
+
+
+class EmbedLayerNormalization(Pattern[EmbedFacts]):
+    """BERT's embeddings: word + position (+ segment) rows, then a LayerNorm."""
+
+    op_type = "EmbedLayerNormalization"
+    forms = (Form("EmbedLayerNormalization", domains=MS,
+                  inputs=(In("input_ids"), In("segment_ids", optional=True),
+                          In("word_embedding"), In("position_embedding"),
+                          In("segment_embedding", optional=True), In("gamma"), In("beta"),
+                          In("mask", optional=True), In("position_ids", optional=True)),
+                  attributes={"epsilon": Attr("float", default=1e-12),
+                              "mask_index_type": Attr("int", default=1, choices=(0, 1))},
+                  outputs=(1, 3)),)
+    examples = (
+        Example((("ids", I32, ("B", "S")), ("seg", I32, ("B", "S")), ("we", F, (20, 8)),
+                 ("pe", F, (16, 8)), ("se", F, (2, 8)), ("g", F, (8,)), ("be", F, (8,)),
+                 ("m", I32, ("B", "S"))), ((F, 3), (I32, 1), (F, 3)),
+                attrs={"epsilon": 1e-5}, domains=(("com.microsoft", 17),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> EmbedFacts:
+        elem_type = require_type(ctx, node.tensor("word_embedding"), "word_embedding",
+                                 _SKIP_TYPES)
+        for name in ("position_embedding", "segment_embedding", "gamma", "beta"):
+            if node.tensor(name):
+                require_type(ctx, node.tensor(name), name, (elem_type,))
+        for name in ("input_ids", "segment_ids", "mask", "position_ids"):
+            if node.tensor(name):
+                require_type(ctx, node.tensor(name), name, (TensorProto.INT32,))
+        require_shape(ctx, node.tensor("input_ids"), "input_ids", "(batch, sequence)", 2, 2)
+        if bool(node.tensor("segment_ids")) != bool(node.tensor("segment_embedding")):
+            raise Reject("segment_ids and segment_embedding come together")
+        hidden: list[Any] = []
+        for name in ("word_embedding", "position_embedding", "segment_embedding"):
+            if node.tensor(name):
+                table = require_shape(ctx, node.tensor(name), name, "(rows, hidden)", 2, 2)
+                hidden.append(table[1])
+        for name in ("gamma", "beta"):
+            require_broadcastable(ctx, node.tensor(name), name, (hidden[0],), "the hidden size")
+        static = {h for h in hidden if isinstance(h, int)}
+        if len(static) > 1:
+            raise Reject(f"the embedding tables have different hidden sizes {sorted(static)}")
+        return EmbedFacts(elem_type)
+
+    def build(self, b: Builder, node: MatchedNode, facts: EmbedFacts) -> None:
+        narrow = facts.elem_type in _NARROW
+        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
+        original = numpy_dtype(facts.elem_type)
+        outputs = dict(zip(("output", "mask_index", "sum"), node.outputs, strict=False))
+        ids = b.input(node.tensor("input_ids"), np.int32)
+
+        def rows(table: str, indices: Value, hint: str) -> Value:
+            value = b.Gather(b.input(node.tensor(table), original), indices, axis=0, hint=hint)
+            return b.Cast(value, dtype, hint=f"{hint}_f32") if narrow else value
+
+        def vector(name: str) -> Value:
+            value = b.input(node.tensor(name), original)
+            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+
+        s = rows("word_embedding", ids, "words")
+        if node.tensor("position_ids"):
+            positions = rows("position_embedding", b.input(node.tensor("position_ids"),
+                                                           np.int32), "positions")
+        else:  # positions 0 .. S-1, an index of ids' own shape (TVM keeps one S then)
+            index = sequence_positions(b, b.Shape(ids, hint="ids_shape"), 1, np.dtype(np.int32),
+                                       hint="position_index")
+            positions = rows("position_embedding", index, "positions")
+        last_add = node.tensor("segment_ids") == ""
+        s = b.Add(s, positions, hint="word_position",
+                  out=_direct(outputs, "sum", original, dtype) if last_add else None)
+        if not last_add:
+            segments = rows("segment_embedding", b.input(node.tensor("segment_ids"),
+                                                         np.int32), "segments")
+            s = b.Add(s, segments, hint="embedding_sum",
+                      out=_direct(outputs, "sum", original, dtype))
+        _finish(b, outputs, s, "sum", original)
+        normalize(b, s, [-1], float(node.args["epsilon"]), False, vector("gamma"),
+                  vector("beta"), dtype, original, {"output": outputs["output"]})
+        if outputs.get("mask_index"):
+            if node.tensor("mask"):  # ONNX Runtime counts the mask's ones
+                ones = b.Equal(b.input(node.tensor("mask"), np.int32), np.int32(1),
+                               hint="mask_is_one")
+                b.ReduceSum(b.Cast(ones, np.int32, hint="mask_ones"), [1], keepdims=False,
+                            out=outputs["mask_index"])
+            else:
+                b.ConstantOfShape(b.Shape(ids, 0, 1, hint="batch"), 0, np.int32,
+                                  out=outputs["mask_index"])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: EmbedFacts
+                     ) -> list[OutputType]:
+        ids = ctx.shape(node.tensor("input_ids"))
+        table = ctx.shape(node.tensor("word_embedding"))
+        rows = [*ids, table[1]] if ids is not None and table is not None else None
+        types: list[OutputType] = [(facts.elem_type, rows),
+                                   (TensorProto.INT32, [ids[0]] if ids is not None else None),
+                                   (facts.elem_type, rows)]
+        return types[:len(node.outputs)]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        ids, words = tensors["input_ids"], tensors["word_embedding"]
+        table = tensors["position_embedding"]
+        assert ids is not None and words is not None and table is not None
+        wide = np.float64
+        s = words.astype(wide)[ids]
+        positions = tensors.get("position_ids")
+        s = s + (table.astype(wide)[positions] if positions is not None
+                 else table.astype(wide)[: ids.shape[1]][None])
+        if tensors.get("segment_ids") is not None:
+            s = s + tensors["segment_embedding"].astype(wide)[  # type: ignore[union-attr]
+                tensors["segment_ids"]]
+        mean = s.mean(-1, keepdims=True)
+        centered = s - mean
+        y = centered / np.sqrt((centered ** 2).mean(-1, keepdims=True) + float(args["epsilon"]))
+        y = y * tensors["gamma"].astype(wide) + tensors["beta"].astype(wide)  # type: ignore[union-attr]
+        mask = tensors.get("mask")
+        mask_index = (mask == 1).sum(axis=1).astype(np.int32) if mask is not None \
+            else np.zeros(ids.shape[0], np.int32)
+        return [y.astype(words.dtype), mask_index, s.astype(words.dtype)]
+
+
 PATTERNS = [SkipLayerNormalization(), SkipSimplifiedLayerNormalization(),
-            SimplifiedLayerNormalization(), LayerNormalization()]
+            SimplifiedLayerNormalization(), LayerNormalization(), EmbedLayerNormalization()]

@@ -26,7 +26,7 @@ from decomposer.testing import Case, check_pattern
 
 from _helpers import make_model, run_onnxruntime
 
-TOLERANCE = {np.float32: 2e-5, np.float16: 4e-3, np.float64: 1e-10}
+TOLERANCE = {np.float32: 2e-5, np.float16: 4e-3, np.float64: 1e-10, np.int32: 0}
 STAT_NAMES = {"mean": 1, "inv_std": 2, "sum": 3}
 
 
@@ -287,5 +287,125 @@ def portability_cases():
         y = torch_reference("SimplifiedLayerNormalization", rms, scale=vectors["scale"])[0]
         feeds.append({"x": x, "skip": skip})
         expected.append([y.astype(np.float32)])
-    return [{"id": "contrib normalizations chain (com.microsoft and default domain)",
-             "model": model, "feeds": feeds, "expected": expected, "atol": 2e-5}]
+    cases = [{"id": "contrib normalizations chain (com.microsoft and default domain)",
+              "model": model, "feeds": feeds, "expected": expected, "atol": 2e-5}]
+    # BERT's embeddings: EmbedLayerNormalization with segments and a mask, dynamic B and S
+    tables = _embed_case(rng, 2, 5, np.float32)
+    embed = _embed_model(tables, outputs=2, shared_dims=True)
+    constant = ("we", "pe", "se", "g", "be")
+    embed.graph.initializer.extend(onnx.numpy_helper.from_array(tables[n], n) for n in constant)
+    kept = [i for i in embed.graph.input if i.name not in constant]
+    del embed.graph.input[:]
+    embed.graph.input.extend(kept)
+    feeds, expected = [], []
+    for batch, seq in [(2, 5), (3, 7)]:
+        arrays = {**_embed_case(rng, batch, seq, np.float32),
+                  **{n: tables[n] for n in constant}}
+        feeds.append({n: arrays[n] for n in ("ids", "seg", "m")})
+        y, mask_index, _ = _embed_torch(arrays)
+        expected.append([y.astype(np.float32), mask_index])
+    cases.append({"id": "contrib EmbedLayerNormalization (BERT embeddings)", "model": embed,
+                  "feeds": feeds, "expected": expected, "atol": 2e-5})
+    return cases
+
+
+# -- EmbedLayerNormalization ------------------------------------------------------------------
+
+
+def _embed_case(rng, batch, seq, dtype, segments=True, mask=True, position_ids=None):
+    hidden, vocab, positions, types = 8, 30, 16, 2
+    arrays = {
+        "ids": rng.integers(0, vocab, (batch, seq)).astype(np.int32),
+        "seg": rng.integers(0, types, (batch, seq)).astype(np.int32) if segments else None,
+        "we": rng.standard_normal((vocab, hidden)).astype(dtype),
+        "pe": rng.standard_normal((positions, hidden)).astype(dtype),
+        "se": rng.standard_normal((types, hidden)).astype(dtype) if segments else None,
+        "g": rng.standard_normal(hidden).astype(dtype),
+        "be": rng.standard_normal(hidden).astype(dtype),
+        "m": (rng.random((batch, seq)) < 0.7).astype(np.int32) if mask else None,
+        "pos": None,
+    }
+    if position_ids == "BS":
+        arrays["pos"] = rng.integers(0, positions, (batch, seq)).astype(np.int32)
+    elif position_ids == "1S":
+        arrays["pos"] = rng.permutation(positions)[:seq][None].astype(np.int32)
+    return arrays
+
+
+def _embed_model(arrays, outputs=3, shared_dims=False):
+    """``shared_dims``: ids, segments, mask and positions share the names "B", "S" (as an
+    exporter writes them when told they are one batch and sequence); otherwise each input
+    has its own (TVM cannot broadcast differently named dims: the portability case shares
+    them)."""
+    order = ["ids", "seg", "we", "pe", "se", "g", "be", "m", "pos"]
+    while arrays[order[-1]] is None:
+        order.pop()
+    names = [n if arrays[n] is not None else "" for n in order]
+    symbolic = {"ids", "seg", "m", "pos"}
+    inputs = [helper.make_tensor_value_info(
+        n, helper.np_dtype_to_tensor_dtype(arrays[n].dtype),
+        [(("B", "S")[i] if shared_dims else f"{n}_d{i}")
+         if n in symbolic and arrays[n].shape[i] != 1 else s
+         for i, s in enumerate(arrays[n].shape)]) for n in names if n]
+    elem = helper.np_dtype_to_tensor_dtype(arrays["we"].dtype)
+    outs = [helper.make_tensor_value_info("y", elem, [None] * 3),
+            helper.make_tensor_value_info("mask_index", TensorProto.INT32, [None]),
+            helper.make_tensor_value_info("sum", elem, [None] * 3)][:outputs]
+    node = helper.make_node("EmbedLayerNormalization", names, [o.name for o in outs],
+                            name="embed", domain="com.microsoft", epsilon=1e-5)
+    return make_model([node], inputs, outs, 17, extra_opsets=["com.microsoft"])
+
+
+def _embed_torch(arrays):
+    s = _t(arrays["we"])[torch.from_numpy(arrays["ids"]).long()]
+    pos = arrays["pos"]
+    s = s + (_t(arrays["pe"])[torch.from_numpy(pos).long()] if pos is not None
+             else _t(arrays["pe"])[: arrays["ids"].shape[1]])
+    if arrays["seg"] is not None:
+        s = s + _t(arrays["se"])[torch.from_numpy(arrays["seg"]).long()]
+    y = F.layer_norm(s, (s.shape[-1],), _t(arrays["g"]), _t(arrays["be"]), eps=1e-5)
+    mask = arrays["m"]
+    mask_index = (mask == 1).sum(axis=1) if mask is not None else np.zeros(len(arrays["ids"]))
+    return [y.numpy(), mask_index.astype(np.int32), s.numpy()]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("variant", ["full", "no segments", "no mask", "position ids BS",
+                                     "position ids 1S"])
+def test_embed_layer_normalization_matches_torch_and_the_kernel(variant, dtype):
+    rng = np.random.default_rng(len(variant))
+    options = {"segments": variant != "no segments", "mask": variant != "no mask",
+               "position_ids": {"position ids BS": "BS", "position ids 1S": "1S"}.get(variant)}
+    model = _embed_model(_embed_case(rng, 2, 5, dtype, **options),
+                         outputs=3 if options["mask"] else 2)
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {"EmbedLayerNormalization": 1}
+    onnx.checker.check_model(out, full_check=True)
+    for batch, seq in [(2, 5), (3, 7)]:  # dynamic batch and sequence
+        arrays = _embed_case(rng, batch, seq, dtype, **options)
+        feeds = {n: a for n, a in arrays.items() if a is not None}
+        got, kernel = run_onnxruntime(out, feeds), run_onnxruntime(model, feeds)
+        want = _embed_torch(arrays)
+        for index, (g, w, k) in enumerate(zip(got, want, kernel, strict=False)):
+            assert g.dtype == k.dtype and g.shape == k.shape, (index, g.dtype, k.dtype)
+            _compare(g, w, dtype, f"output {index} vs torch")
+            _compare(g, k, dtype, f"output {index} vs ONNX Runtime's kernel")
+
+
+def test_embed_layer_normalization_mask_index_counts_ones_as_the_kernel_does():
+    rng = np.random.default_rng(2)
+    arrays = _embed_case(rng, 3, 5, np.float32)
+    arrays["m"] = np.array([[1, 0, 1, 1, 0], [2, 2, 0, 0, 0], [1, 1, 1, 1, 1]], np.int32)
+    model = _embed_model(arrays)
+    feeds = {n: a for n, a in arrays.items() if a is not None}
+    got = run_onnxruntime(decomposer.decompose(model), feeds)[1]
+    assert got.tolist() == run_onnxruntime(model, feeds)[1].tolist() == [3, 0, 5]
+
+
+def test_embed_layer_normalization_rejections():
+    rng = np.random.default_rng(3)
+    arrays = _embed_case(rng, 2, 5, np.float32)
+    arrays["se"] = None
+    with pytest.raises(decomposer.UnsupportedNodeError,
+                       match="node 'embed'.*segment_ids and segment_embedding come together"):
+        decomposer.decompose(_embed_model(arrays))
