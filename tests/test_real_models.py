@@ -1,9 +1,11 @@
-"""Real ORT-optimized models: a BERT built from a ``transformers`` config with random weights
-(no download), exported by torch, optimized by ``onnxruntime.transformers.optimizer``
-(model_type bert: Attention, EmbedLayerNormalization, SkipLayerNormalization and BiasGelu
-fused in), then decomposed. No ``com.microsoft`` node is left, and the outputs equal ONNX
-Runtime's run of the optimized model and torch eager's, at two batch and sequence sizes.
-The same model runs on OpenVINO and TVM through the portability suite (the hook below)."""
+"""Real ORT-optimized models: BERT, ViT and GPT-2 built from ``transformers`` configs with
+random weights (no download), exported by torch, optimized by
+``onnxruntime.transformers.optimizer`` (BERT: Attention, EmbedLayerNormalization,
+SkipLayerNormalization and BiasGelu fused in; ViT: SkipLayerNormalization and BiasGelu;
+GPT-2: SkipLayerNormalization and FastGelu, its attention left unfused by ONNX Runtime 1.32's
+optimizer for this export), then decomposed. No ``com.microsoft`` node is left, and the
+outputs equal ONNX Runtime's run of the optimized model and torch eager's, at two sizes.
+BERT also runs on OpenVINO and TVM through the portability suite (the hook below)."""
 
 from __future__ import annotations
 
@@ -63,6 +65,96 @@ def bert():
         saved = Path(folder) / "bert_optimized.onnx"
         optimized.save_model_to_file(str(saved))
         return module, onnx.load(saved)
+
+
+def _optimized(module, example, names, dynamic_axes, model_type, **options):
+    from onnxruntime.transformers import optimizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        exported = Path(folder) / "model.onnx"
+        torch.onnx.export(module, example, str(exported), input_names=list(names),
+                          dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
+        optimized = optimizer.optimize_model(str(exported), model_type=model_type,
+                                             opt_level=0, **options)
+        saved = Path(folder) / "optimized.onnx"
+        optimized.save_model_to_file(str(saved))
+        return onnx.load(saved)
+
+
+@functools.cache
+def vit():
+    torch.manual_seed(1)
+    config = transformers.ViTConfig(image_size=32, patch_size=8, hidden_size=HIDDEN,
+                                    num_hidden_layers=2, num_attention_heads=HEADS,
+                                    intermediate_size=64, attn_implementation="eager")
+    inner = transformers.ViTModel(config).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.vit = inner
+
+        def forward(self, pixel_values):
+            return self.vit(pixel_values=pixel_values).last_hidden_state
+
+    module = Hidden().eval()
+    model = _optimized(module, (torch.randn(2, 3, 32, 32),), ["pixel_values"],
+                       {"pixel_values": {0: "batch"}}, "vit", num_heads=HEADS,
+                       hidden_size=HIDDEN)
+    return module, model
+
+
+@functools.cache
+def gpt2():
+    torch.manual_seed(2)
+    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=2, n_head=HEADS,
+                                     n_positions=64, bos_token_id=0, eos_token_id=0,
+                                     attn_implementation="eager")
+    inner = transformers.GPT2Model(config).eval()
+
+    class Hidden(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gpt2 = inner
+
+        def forward(self, input_ids, attention_mask):
+            return self.gpt2(input_ids=input_ids, attention_mask=attention_mask,
+                             use_cache=False).last_hidden_state
+
+    module = Hidden().eval()
+    feeds = _feeds(*SIZES[0], seed=0)
+    example = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
+    axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask")}
+    model = _optimized(module, example, ["input_ids", "attention_mask"], axes, "gpt2",
+                       num_heads=HEADS, hidden_size=HIDDEN)
+    return module, model
+
+
+@pytest.mark.parametrize("name, fused", [
+    ("vit", {"SkipLayerNormalization": 4, "BiasGelu": 2}),
+    ("gpt2", {"SkipLayerNormalization": 4, "FastGelu": 2}),
+])
+def test_vit_and_gpt2_optimized_by_onnxruntime(name, fused):
+    module, optimized = {"vit": vit, "gpt2": gpt2}[name]()
+    assert Counter(n.op_type for n in optimized.graph.node
+                   if n.domain == "com.microsoft") == fused
+    out = decomposer.decompose(optimized)
+    assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
+    rng = np.random.default_rng(3)
+    for batch, seq in SIZES:
+        if name == "vit":
+            feeds = {"pixel_values": rng.standard_normal((batch, 3, 32, 32)).astype(np.float32)}
+            with torch.no_grad():
+                eager = [module(torch.from_numpy(feeds["pixel_values"])).numpy()]
+        else:
+            feeds = {k: v for k, v in _feeds(batch, seq, seed=seq).items()
+                     if k != "token_type_ids"}
+            with torch.no_grad():
+                eager = [module(*(torch.from_numpy(v) for v in feeds.values())).numpy()]
+        got = run_onnxruntime(out, feeds)
+        for g, o, e in zip(got, run_onnxruntime(optimized, feeds), eager, strict=True):
+            np.testing.assert_allclose(g, o, atol=2e-6, rtol=1e-5)
+            np.testing.assert_allclose(g, e, atol=2e-5, rtol=1e-4)
 
 
 def _feeds(batch, seq, seed):
