@@ -7,7 +7,9 @@ ONNX Runtime CPU with its default optimizations (which re-fuse the decomposed
 normalizations into its own kernels), over interleaved rounds; and the same decomposed
 model with graph optimizations at ``basic`` (no fusion: what the elementwise ops cost).
 Outputs are compared before timing. Ops with no CPU kernel (BiasAdd, BiasSplitGelu) are
-left out. Used for the contrib-op table of docs/performance.md.
+left out. Attention: 12 heads, a 2-D mask padding the last quarter of the keys;
+EmbedLayerNormalization: a 1000-word vocabulary, segments and the mask. Used for the
+contrib-op table of docs/performance.md.
 """
 
 from __future__ import annotations
@@ -34,14 +36,17 @@ HIDDEN = 768
 
 def _model(op: str, inputs: dict[str, np.ndarray], outputs: int, attrs: dict, domain: str,
            opset: int = 17) -> onnx.ModelProto:
-    infos = [helper.make_tensor_value_info(name, TensorProto.FLOAT, list(a.shape))
-             for name, a in inputs.items()]
+    infos = [helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(a.dtype),
+                                           list(a.shape)) for name, a in inputs.items()]
     names = [f"y{i}" for i in range(outputs)]
     node = helper.make_node(op, list(inputs), names, name="op", domain=domain, **attrs)
-    rank = next(iter(inputs.values())).ndim
+    rank = next(iter(inputs.values())).ndim + (op == "EmbedLayerNormalization")
+    types = [TensorProto.INT32 if op == "EmbedLayerNormalization" and i == 1
+             else TensorProto.FLOAT for i in range(outputs)]
+    ranks = [1 if elem == TensorProto.INT32 else rank for elem in types]
     graph = helper.make_graph([node], "bench", infos,
-                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, [None] * rank)
-                               for n in names])
+                              [helper.make_tensor_value_info(n, elem, [None] * r)
+                               for n, elem, r in zip(names, types, ranks, strict=True)])
     imports = [helper.make_opsetid("", opset), helper.make_opsetid("com.microsoft", 1)]
     return helper.make_model(graph, opset_imports=imports, ir_version=8)
 
@@ -72,6 +77,23 @@ def cases(tokens: tuple[int, int]) -> list[tuple[str, onnx.ModelProto, dict[str,
     ]:
         label = f"{op}{' (4 outputs)' if outputs == 4 else ''}"
         found.append((label, _model(op, inputs, outputs, attrs, domain), inputs))
+    batch, sequence = tokens
+    mask = np.ones((batch, sequence), np.int32)
+    mask[:, sequence * 3 // 4:] = 0  # padded keys
+    attention = {"x": rows(), "w": (rng.standard_normal((HIDDEN, 3 * HIDDEN)) * 0.05).astype(
+        np.float32), "b": rng.standard_normal(3 * HIDDEN).astype(np.float32), "m": mask}
+    found.append(("Attention (12 heads, 2-D mask)",
+                  _model("Attention", attention, 1, {"num_heads": 12}, "com.microsoft"),
+                  attention))
+    embed = {"ids": rng.integers(0, 1000, tokens).astype(np.int32),
+             "seg": rng.integers(0, 2, tokens).astype(np.int32),
+             "we": rng.standard_normal((1000, HIDDEN)).astype(np.float32),
+             "pe": rng.standard_normal((512, HIDDEN)).astype(np.float32),
+             "se": rng.standard_normal((2, HIDDEN)).astype(np.float32),
+             "g": vector(), "be": vector(), "m": mask}
+    found.append(("EmbedLayerNormalization",
+                  _model("EmbedLayerNormalization", embed, 2, {"epsilon": 1e-5},
+                         "com.microsoft"), embed))
     return found
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import tempfile
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -53,7 +54,8 @@ def bert():
 
     module = Outputs().eval()
     example = tuple(torch.from_numpy(a) for a in _feeds(*SIZES[0], seed=0).values())
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice
         exported = Path(folder) / "bert.onnx"
         torch.onnx.export(module, example, str(exported), input_names=list(INPUTS),
                           output_names=["last_hidden_state", "pooler_output"],
@@ -70,7 +72,8 @@ def bert():
 def _optimized(module, example, names, dynamic_axes, model_type, **options):
     from onnxruntime.transformers import optimizer
 
-    with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice
         exported = Path(folder) / "model.onnx"
         torch.onnx.export(module, example, str(exported), input_names=list(names),
                           dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
