@@ -106,8 +106,8 @@ class TypeTables:
             log.debug("shape inference failed, using declared types only: %s", exc)
         for graph in all_graphs(inferred.graph):
             for value in [*graph.input, *graph.output, *graph.value_info]:
-                if value.type.HasField("tensor_type"):
-                    main.setdefault(value.name, value.type)
+                if value.type.WhichOneof("value") is not None:  # tensors, and the others
+                    main.setdefault(value.name, value.type)      # so they can be told apart
             for init in graph.initializer:
                 main.setdefault(init.name, onnx.helper.make_tensor_type_proto(
                     init.data_type, list(init.dims)))
@@ -134,9 +134,14 @@ class TypeTables:
                 [d if isinstance(d, (int, str)) else None for d in shape]
             table[name] = onnx.helper.make_tensor_type_proto(elem_type or 0, dims)
 
+    def is_non_tensor(self, namespace: str, name: str) -> bool:
+        """Whether ``name`` is declared (or inferred) as a sequence, map or optional value."""
+        tp = self._table(namespace).get(name)
+        return tp is not None and tp.WhichOneof("value") not in (None, "tensor_type")
+
     def tensor_type(self, namespace: str, name: str) -> onnx.TypeProto.Tensor | None:
         tp = self._table(namespace).get(name)
-        return tp.tensor_type if tp is not None else None
+        return tp.tensor_type if tp is not None and tp.HasField("tensor_type") else None
 
 
 def _inferred(light: onnx.ModelProto) -> onnx.ModelProto:

@@ -192,6 +192,8 @@ class _Rewriter:
         pooled = builder.pool_constants(read - produced)
         pooled_names = {n.output[0] for n in pooled}
         for name in sorted(read - produced - pooled_names):
+            if self.types.is_non_tensor(scope.namespace, name):
+                return f"input '{name}' is not a tensor"
             tensor = self.types.tensor_type(scope.namespace, name)
             if tensor is None or not tensor.elem_type:
                 return None  # an input of unknown type (a function body's): nothing to say
