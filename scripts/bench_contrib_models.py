@@ -28,7 +28,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import warnings
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -39,62 +38,25 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from real_models import BERT_OUTPUTS, bert, bert_feeds  # noqa: E402
+
 import decomposer  # noqa: E402
 
 from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
 
 HIDDEN, HEADS, INTERMEDIATE, VOCAB, POSITIONS = 768, 12, 3072, 30522, 512
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-OUTPUTS = ("last_hidden_state", "pooler_output")
+OUTPUTS = BERT_OUTPUTS
 SEQUENCES = (128, 512)
 
 
 def optimized_bert(layers: int) -> onnx.ModelProto:
     """The ORT-optimized ONNX BERT (random weights), saved and reloaded as users do."""
-    import torch
-    import transformers
-    from onnxruntime.transformers import optimizer
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=layers,
-        num_attention_heads=HEADS, intermediate_size=INTERMEDIATE,
-        max_position_embeddings=POSITIONS, attn_implementation="eager")
-    inner = transformers.BertModel(config).eval()
-
-    class Outputs(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = inner
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                            token_type_ids=token_type_ids)
-            return out.last_hidden_state, out.pooler_output
-
-    example = tuple(torch.from_numpy(a) for a in feeds(2, 7, seed=0).values())
-    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the legacy exporter's deprecation notice
-        exported = Path(folder) / "bert.onnx"
-        torch.onnx.export(Outputs().eval(), example, str(exported), input_names=list(INPUTS),
-                          output_names=list(OUTPUTS),
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in INPUTS},
-                          opset_version=17, dynamo=False)
-        optimized = optimizer.optimize_model(str(exported), model_type="bert",
-                                             num_heads=HEADS, hidden_size=HIDDEN, opt_level=0)
-        saved = Path(folder) / "bert_optimized.onnx"
-        optimized.save_model_to_file(str(saved))
-        return onnx.load(saved)
+    return bert(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, layers=layers,
+                intermediate=INTERMEDIATE, positions=POSITIONS)[1]
 
 
 def feeds(batch: int, sequence: int, seed: int) -> dict[str, np.ndarray]:
-    """Random ids and segments; the mask right-padded to a random length per row."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, sequence + 1, batch)
-    mask = (np.arange(sequence)[None] < lengths[:, None]).astype(np.int64)
-    return {"input_ids": rng.integers(0, VOCAB, (batch, sequence)).astype(np.int64),
-            "attention_mask": mask,
-            "token_type_ids": rng.integers(0, 2, (batch, sequence)).astype(np.int64)}
+    return bert_feeds(batch, sequence, seed, VOCAB)
 
 
 class OpenVinoRunner:

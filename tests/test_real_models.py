@@ -10,14 +10,12 @@ BERT also runs on OpenVINO and TVM through the portability suite (the hook below
 from __future__ import annotations
 
 import functools
-import tempfile
-import warnings
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
+import real_models
 
 import decomposer
 
@@ -27,61 +25,14 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 VOCAB, HIDDEN, HEADS = 100, 32, 4
-INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 SIZES = [(2, 7), (3, 11)]
 
 
 @functools.cache
 def bert():
     """(torch module, the ORT-optimized ONNX model)."""
-    from onnxruntime.transformers import optimizer
-
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=HEADS,
-        intermediate_size=64, max_position_embeddings=64, attn_implementation="eager")
-    inner = transformers.BertModel(config).eval()
-
-    class Outputs(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = inner
-
-        def forward(self, input_ids, attention_mask, token_type_ids):
-            out = self.bert(input_ids=input_ids, attention_mask=attention_mask,
-                            token_type_ids=token_type_ids)
-            return out.last_hidden_state, out.pooler_output
-
-    module = Outputs().eval()
-    example = tuple(torch.from_numpy(a) for a in _feeds(*SIZES[0], seed=0).values())
-    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice
-        exported = Path(folder) / "bert.onnx"
-        torch.onnx.export(module, example, str(exported), input_names=list(INPUTS),
-                          output_names=["last_hidden_state", "pooler_output"],
-                          dynamic_axes={n: {0: "batch", 1: "sequence"} for n in INPUTS},
-                          opset_version=17, dynamo=False)
-        optimized = optimizer.optimize_model(str(exported), model_type="bert",
-                                             num_heads=HEADS, hidden_size=HIDDEN, opt_level=0)
-        # as users do: saved (the optimizer sorts the graph on saving), then loaded
-        saved = Path(folder) / "bert_optimized.onnx"
-        optimized.save_model_to_file(str(saved))
-        return module, onnx.load(saved)
-
-
-def _optimized(module, example, names, dynamic_axes, model_type, **options):
-    from onnxruntime.transformers import optimizer
-
-    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice
-        exported = Path(folder) / "model.onnx"
-        torch.onnx.export(module, example, str(exported), input_names=list(names),
-                          dynamic_axes=dynamic_axes, opset_version=17, dynamo=False)
-        optimized = optimizer.optimize_model(str(exported), model_type=model_type,
-                                             opt_level=0, **options)
-        saved = Path(folder) / "optimized.onnx"
-        optimized.save_model_to_file(str(saved))
-        return onnx.load(saved)
+    return real_models.bert(vocab=VOCAB, hidden=HIDDEN, heads=HEADS, layers=2,
+                            intermediate=64, positions=64)
 
 
 @functools.cache
@@ -101,9 +52,9 @@ def vit():
             return self.vit(pixel_values=pixel_values).last_hidden_state
 
     module = Hidden().eval()
-    model = _optimized(module, (torch.randn(2, 3, 32, 32),), ["pixel_values"],
-                       {"pixel_values": {0: "batch"}}, "vit", num_heads=HEADS,
-                       hidden_size=HIDDEN)
+    model = real_models.ort_optimized(module, (torch.randn(2, 3, 32, 32),), ["pixel_values"],
+                                      None, {"pixel_values": {0: "batch"}}, "vit",
+                                      num_heads=HEADS, hidden_size=HIDDEN)
     return module, model
 
 
@@ -128,8 +79,8 @@ def gpt2():
     feeds = _feeds(*SIZES[0], seed=0)
     example = (torch.from_numpy(feeds["input_ids"]), torch.from_numpy(feeds["attention_mask"]))
     axes = {n: {0: "batch", 1: "sequence"} for n in ("input_ids", "attention_mask")}
-    model = _optimized(module, example, ["input_ids", "attention_mask"], axes, "gpt2",
-                       num_heads=HEADS, hidden_size=HIDDEN)
+    model = real_models.ort_optimized(module, example, ["input_ids", "attention_mask"], None,
+                                      axes, "gpt2", num_heads=HEADS, hidden_size=HIDDEN)
     return module, model
 
 
@@ -161,18 +112,12 @@ def test_vit_and_gpt2_optimized_by_onnxruntime(name, fused):
 
 
 def _feeds(batch, seq, seed):
-    rng = np.random.default_rng(seed)
-    # right padding, as tokenizers write it (ORT's optimizer turns the mask into lengths)
-    lengths = rng.integers(1, seq + 1, batch)
-    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int64)
-    return {"input_ids": rng.integers(0, VOCAB, (batch, seq)).astype(np.int64),
-            "attention_mask": mask,
-            "token_type_ids": rng.integers(0, 2, (batch, seq)).astype(np.int64)}
+    return real_models.bert_feeds(batch, seq, seed, VOCAB)
 
 
 def _eager(module, feeds):
     with torch.no_grad():
-        outputs = module(*(torch.from_numpy(feeds[n]) for n in INPUTS))
+        outputs = module(*(torch.from_numpy(feeds[n]) for n in real_models.BERT_INPUTS))
     return [o.numpy() for o in outputs]
 
 
