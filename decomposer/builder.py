@@ -770,6 +770,35 @@ class Builder:
                        self._operand(updates, value.dtype, "updates"), axis=axis,
                        hint=hint, out=out, dtype=value.dtype)
 
+    def ScatterND(self, data: Operand, indices: Operand, updates: Operand, *,
+                  hint: str | None = None, out: str | None = None) -> Value:
+        """``data`` with ``updates`` written at the (..., rank-of-data-prefix) ``indices``
+        (int64); no reduction, so indices must be unique."""
+        value = self._operand(data, None, "scatter_in")
+        return self.op("ScatterND", value, self._operand(indices, np.dtype(np.int64), "indices"),
+                       self._operand(updates, value.dtype, "updates"), hint=hint, out=out,
+                       dtype=value.dtype)
+
+    def NonMaxSuppression(self, boxes: Operand, scores: Operand, max_per_class: int,
+                          iou_threshold: float, score_threshold: float | None = None, *,
+                          center_point_box: bool = False, hint: str | None = None) -> Value:
+        """ONNX NonMaxSuppression on float32 ``boxes`` (B, N, 4) and ``scores`` (B, C, N):
+        (K, 3) int64 rows (batch, class, box). Keeps a score strictly above
+        ``score_threshold`` (None: every score) and suppresses an IoU strictly above
+        ``iou_threshold``; the thresholds are float32 constants."""
+        inputs = [self._operand(boxes, None, "nms_boxes"), self._operand(scores, None,
+                                                                         "nms_scores"),
+                  self.ints([max_per_class], "max_per_class"),
+                  self.const(np.array([iou_threshold], np.float32), hint="iou_threshold")]
+        if score_threshold is not None:
+            inputs.append(self.const(np.array([score_threshold], np.float32),
+                                     hint="score_threshold"))
+        if center_point_box:
+            return self.op("NonMaxSuppression", *inputs, hint=hint or "NonMaxSuppression",
+                           dtype=np.int64, center_point_box=1)
+        return self.op("NonMaxSuppression", *inputs, hint=hint or "NonMaxSuppression",
+                       dtype=np.int64)
+
     def TopK(self, x: Operand, k: IntsOrValue, axis: int = -1, *, largest: bool = True,
              sorted: bool = True, hint: str | None = None) -> tuple[Value, Value]:
         """(values, int64 indices) of the k largest (or smallest) along ``axis``."""
