@@ -33,6 +33,8 @@ import numpy as np
 
 from decomposer.builder import Builder, Value
 
+from ._sampling import positions
+
 # What a dropped candidate's score becomes: the lowest finite float32. A candidate keeps a
 # score strictly above a finite threshold, so no surviving score equals it.
 DROPPED = float(np.finfo(np.float32).min)
@@ -43,18 +45,34 @@ def below(threshold: float) -> float:
     return float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
 
 
-def keep_top(b: Builder, scores: Value, k: int, size: int | str | None, hint: str) -> Value:
+def keep_top(b: Builder, scores: Value, k: int, size: int | None, hint: str) -> Value:
     """``scores`` (rows, L) with all but each row's ``k`` highest set to ``DROPPED`` (ties
-    to the lower position); unchanged when the row is statically no longer than ``k``."""
-    if isinstance(size, int) and size <= k:
+    to the lower position); unchanged when the row is statically no longer than ``k``.
+    A row of unknown length gets ``k`` dropped columns first, so that ``TopK``'s k is a
+    constant (TVM takes no other) and never exceeds the row."""
+    if size is not None and size <= k:
         return scores
-    count: Value | int = k
-    if not isinstance(size, int):  # a row shorter than k: TopK of all of it
-        count = b.Min(b.Gather(b.Shape(scores, hint=f"{hint}_shape"), [1]), b.ints([k]),
-                      hint=f"{hint}_k")
-    values, positions = b.TopK(scores, count, axis=1, hint=f"{hint}_top")
-    dropped = b.ConstantOfShape(b.Shape(scores), DROPPED, hint=f"{hint}_dropped")
-    return b.ScatterElements(dropped, positions, values, axis=1, hint=hint)
+    rows = b.Shape(scores, 0, 1, hint=f"{hint}_rows")
+    padded = scores
+    if size is None:
+        filler = b.ConstantOfShape(b.Concat(rows, np.array([k], np.int64), axis=0,
+                                            hint=f"{hint}_filler_shape"), DROPPED,
+                                   hint=f"{hint}_filler")
+        padded = b.Concat(scores, filler, axis=1, hint=f"{hint}_padded")
+    values, columns = b.TopK(padded, k, axis=1, hint=f"{hint}_top")
+    dropped = b.ConstantOfShape(b.Shape(padded, hint=f"{hint}_padded_shape"), DROPPED,
+                                hint=f"{hint}_dropped")
+    # ScatterND, not ScatterElements: onnx2torch 1.5 converts only the former.
+    row_ids = positions(b, b.Concat(rows, np.array([k, 1], np.int64), axis=0,
+                                    hint=f"{hint}_cells_shape"), 0, np.dtype(np.int64),
+                        hint=f"{hint}_row_ids")
+    cells = b.Concat(row_ids, b.Unsqueeze(columns, [2], hint=f"{hint}_columns"), axis=2,
+                     hint=f"{hint}_cells")
+    kept = b.ScatterND(dropped, cells, values, hint=f"{hint}_scattered")
+    if size is None:
+        return b.Slice(kept, [0], b.Shape(scores, 1, 2, hint=f"{hint}_length"), [1],
+                       hint=hint)
+    return kept
 
 
 class Survivors(NamedTuple):

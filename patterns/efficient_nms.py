@@ -260,11 +260,11 @@ def _decode(b: Builder, boxes: Value, anchors: Value | None, centre_size: bool,
             per_class: bool) -> tuple[Value, Value | None]:
     """(corner boxes for the IoU, the output boxes or None when they are the input's)."""
     axis = 3 if per_class else 2
-    first, second = b.Split(boxes, [2, 2], axis, hint="box_pairs")
+    first, second = b.Split(boxes, 2, axis, hint="box_pairs")
     if anchors is not None:
         if per_class:
             anchors = b.Unsqueeze(anchors, [2], hint="anchors_per_class")
-        origin, size = b.Split(anchors, [2, 2], axis, hint="anchor_pairs")
+        origin, size = b.Split(anchors, 2, axis, hint="anchor_pairs")
         if centre_size:  # (p0 * a2 + a0, p1 * a3 + a1, a2 * exp(p2), a3 * exp(p3))
             first = b.Add(b.Mul(first, size, hint="scaled_offset"), origin, hint="centre")
             second = b.Mul(size, b.Exp(second, hint="growth"), hint="size")

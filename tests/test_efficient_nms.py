@@ -308,10 +308,13 @@ class _TinyYolo(torch.nn.Module):
         self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.ReLU(),
                                             torch.nn.Conv2d(8, 8 + 0, 3, 2, 1))
         self.end2end = end2end
+        # A constant grid, as YOLO heads export it (TVM 0.27 crashes in NonMaxSuppression
+        # when the box count comes from a run-time arange instead).
+        self.register_buffer("grid", torch.arange(64, dtype=torch.float32))
 
     def forward(self, image):
         raw = self.features(image).flatten(2).transpose(1, 2)  # (B, 64, 8)
-        grid = torch.arange(raw.shape[1], dtype=torch.float32)
+        grid = self.grid
         cx = (grid % 8 + torch.sigmoid(raw[..., 0])) * 4
         cy = (torch.div(grid, 8, rounding_mode="floor") + torch.sigmoid(raw[..., 1])) * 4
         wh = torch.sigmoid(raw[..., 2:4]) * 16
