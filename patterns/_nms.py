@@ -45,32 +45,36 @@ def below(threshold: float) -> float:
     return float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
 
 
-def keep_top(b: Builder, scores: Value, k: int, size: int | None, hint: str) -> Value:
-    """``scores`` (rows, L) with all but each row's ``k`` highest set to ``DROPPED`` (ties
-    to the lower position); unchanged when the row is statically no longer than ``k``.
-    A row of unknown length gets ``k`` dropped columns first, so that ``TopK``'s k is a
-    constant (TVM takes no other) and never exceeds the row."""
+def keep_top(b: Builder, scores: Value, k: int, size: int | None, rank: int, hint: str
+             ) -> Value:
+    """``scores`` (..., L) of ``rank`` with all but the ``k`` highest of each last-axis row
+    set to ``DROPPED`` (ties to the lower position); unchanged when the rows are statically
+    no longer than ``k``. Rows of unknown length get ``k`` dropped columns first, so that
+    ``TopK``'s k is a constant (TVM takes no other) and never exceeds the row."""
     if size is not None and size <= k:
         return scores
-    rows = b.Shape(scores, 0, 1, hint=f"{hint}_rows")
+    last = rank - 1
+    leading = b.Shape(scores, 0, last, hint=f"{hint}_rows")
     padded = scores
     if size is None:
-        filler = b.ConstantOfShape(b.Concat(rows, np.array([k], np.int64), axis=0,
+        filler = b.ConstantOfShape(b.Concat(leading, np.array([k], np.int64), axis=0,
                                             hint=f"{hint}_filler_shape"), DROPPED,
                                    hint=f"{hint}_filler")
-        padded = b.Concat(scores, filler, axis=1, hint=f"{hint}_padded")
-    values, columns = b.TopK(padded, k, axis=1, hint=f"{hint}_top")
+        padded = b.Concat(scores, filler, axis=last, hint=f"{hint}_padded")
+    values, columns = b.TopK(padded, k, axis=last, hint=f"{hint}_top")
     dropped = b.ConstantOfShape(b.Shape(padded, hint=f"{hint}_padded_shape"), DROPPED,
                                 hint=f"{hint}_dropped")
-    # ScatterND, not ScatterElements: onnx2torch 1.5 converts only the former.
-    row_ids = positions(b, b.Concat(rows, np.array([k, 1], np.int64), axis=0,
-                                    hint=f"{hint}_cells_shape"), 0, np.dtype(np.int64),
-                        hint=f"{hint}_row_ids")
-    cells = b.Concat(row_ids, b.Unsqueeze(columns, [2], hint=f"{hint}_columns"), axis=2,
+    # ScatterND, not ScatterElements: onnx2torch 1.5 converts only the former. A cell is
+    # (row index along each leading axis..., column).
+    cell_shape = b.Concat(leading, np.array([k, 1], np.int64), axis=0,
+                          hint=f"{hint}_cells_shape")
+    ids = [positions(b, cell_shape, axis, np.dtype(np.int64), hint=f"{hint}_ids{axis}")
+           for axis in range(last)]
+    cells = b.Concat(*ids, b.Unsqueeze(columns, [rank], hint=f"{hint}_columns"), axis=rank,
                      hint=f"{hint}_cells")
     kept = b.ScatterND(dropped, cells, values, hint=f"{hint}_scattered")
     if size is None:
-        return b.Slice(kept, [0], b.Shape(scores, 1, 2, hint=f"{hint}_length"), [1],
+        return b.Slice(kept, [0], b.Shape(scores, last, rank, hint=f"{hint}_length"), [last],
                        hint=hint)
     return kept
 
@@ -180,6 +184,8 @@ def take_top(b: Builder, survivors: Survivors, keep: int) -> Top:
     if survivors.class_major:
         anchors = b.Gather(b.Shape(table, hint="table_shape"), [1], hint="table_width")
         anchors = b.Div(anchors, np.array([survivors.classes], np.int64), hint="anchor_count")
+        # N = 0 leaves only padding rows (position 0); divide by 1 there, not by 0.
+        anchors = b.Max(anchors, np.array([1], np.int64), hint="anchor_divisor")
         klass = b.Div(position, anchors, hint="best_class")
         anchor = b.Mod(position, anchors, hint="best_anchor")
     else:

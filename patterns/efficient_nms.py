@@ -200,7 +200,7 @@ class EfficientNMS(Pattern[Facts]):
         flat = b.Reshape(candidates, b.Concat(b.Shape(scores, 0, 1, hint="batch"),
                                               np.array([-1], np.int64), axis=0,
                                               hint="flat_target"), hint="flat_candidates")
-        capped = keep_top(b, flat, CANDIDATE_CAP, facts.pairs, hint="capped")
+        capped = keep_top(b, flat, CANDIDATE_CAP, facts.pairs, 2, hint="capped")
         if capped != flat:
             candidates = b.Reshape(capped, b.Shape(scores, hint="scores_shape"),
                                    hint="capped_candidates")
