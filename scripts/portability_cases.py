@@ -65,6 +65,8 @@ class PortabilityCase:
     atol: float = 1e-5
     skip: dict[str, str] = field(default_factory=dict)
     lower: tuple[str, ...] = ()
+    # The default-domain opsets its patterns accept (the opset-ends test clamps to them).
+    opsets: tuple[int, int] = (11, 10**6)
 
     @classmethod
     def coerce(cls, raw: Any) -> PortabilityCase:
@@ -79,7 +81,7 @@ class PortabilityCase:
         return cls(str(get("id")), get("model"), [dict(f) for f in feeds],
                    [list(e) if isinstance(e, (list, tuple)) else [e] for e in expected],
                    float(get("atol", 1e-5) or 1e-5), dict(get("skip", {}) or {}),
-                   tuple(get("lower", ()) or ()))
+                   tuple(get("lower", ()) or ()), tuple(get("opsets", (11, 10**6))))
 
 
 def config_label(engine: str, static: bool) -> str:
