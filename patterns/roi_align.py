@@ -25,9 +25,9 @@ Matches:
 
 Refused with the reason: a model at opset 22 or later (its RoiAlign is RoiAlign-22,
 which ONNX Runtime 1.32 has no kernel for; measured); mmcv max pooling with an adaptive
-sampling ratio (the samples per bin vary per roi: no standard op takes that max); ``half_pixel`` (mmcv ``aligned=1``) below
-opset 16 (RoiAlign-10 always clamps roi sizes to 1, so shifting the rois is exact only for
-rois of a pixel or more); ``ROIAlign_TRT`` max pooling under the portable target:
+sampling ratio (the samples per bin vary per roi: no standard op takes that max);
+``half_pixel`` (mmcv ``aligned=1``) below opset 16 (RoiAlign-10 always clamps roi sizes to
+1, so shifting the rois is exact only for rois of a pixel or more); ``ROIAlign_TRT`` max pooling under the portable target:
 OpenVINO's ``RoiAlign`` max is mmcv's rule, ONNX Runtime's the plugin's, so no one graph
 means the same on both (``--target ort`` emits ``RoiAlign`` max, exact on ONNX Runtime).
 
