@@ -29,7 +29,8 @@ sampling ratio (the samples per bin vary per roi: no standard op takes that max)
 ``half_pixel`` (mmcv ``aligned=1``) below opset 16 (RoiAlign-10 always clamps roi sizes to
 1, so shifting the rois is exact only for rois of a pixel or more); ``ROIAlign_TRT`` max
 pooling under the portable target: OpenVINO's ``RoiAlign`` max is mmcv's rule, ONNX
-Runtime's the plugin's, so no one graph means the same on both (``--target ort`` emits ``RoiAlign`` max, exact on ONNX Runtime).
+Runtime's the plugin's, so no one graph means the same on both (``--target ort`` emits
+``RoiAlign`` max, exact on ONNX Runtime).
 
 Not exact, documented: the plugin's average of an empty sampling grid (a zero-size roi,
 ``half_pixel``, adaptive ratio) is 0/0 = NaN in ``ROIAlign_TRT``, 0 here (ONNX Runtime);
