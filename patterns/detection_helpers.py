@@ -6,7 +6,8 @@ Matches (any domain; semantics read from each plugin's kernel, cited per pattern
 - ``GatherTopk(data, index)`` (mmdeploy ``csrc/mmdeploy/backend_ops/tensorrt/gather_topk``):
   a batched gather along axis ``rank(index) - 1`` with the dims before it as batch:
   ``out[b.., k, c..] = data[b.., index[b.., k], c..]``; index int32 or int64 ->
-  ``GatherND(data, index[..., None], batch_dims=rank(index) - 1)``.
+  ``GatherElements`` along that axis with the index spread over the trailing dims (not
+  GatherND with batch dims: onnx2torch 1.5 converts none).
 - ``GridPriorsTRT(base_anchors, feat_h, feat_w; stride_h, stride_w)`` (mmdeploy
   ``grid_priors`` plugin; mmdet's ``AnchorGenerator.single_level_grid_priors``): only the
   lengths of ``feat_h`` / ``feat_w`` are read (H and W); output (H * W * A, 4), y outermost,
@@ -30,7 +31,7 @@ Matches (any domain; semantics read from each plugin's kernel, cited per pattern
   axis on one side (H or W static; the padding counts as -inf, so every output sees exactly
   its own run).
 
-Envelope: opsets 11+ (``GatherTopk`` with batch dims 12+); float types as each plugin
+Envelope: opsets 11+; float types as each plugin
 (float16 where the standard op takes it).
 """
 
@@ -56,7 +57,7 @@ _PLUGIN = frozenset({"plugin_version", "plugin_namespace"})
 class Facts(NamedTuple):
     elem_type: int
     rank: int
-    size: int | None  # an axis length the pattern needs (corner pool), else None
+    size: int | None  # corner pool: the pooled axis' length; GatherTopk: data's rank
 
 
 def _x_type(ctx: MatchContext, node: MatchedNode, name: str, allowed: Any = _FLOATS
@@ -79,14 +80,19 @@ class GatherTopk(Pattern[Facts]):
         index = require_shape(ctx, node.tensor("index"), "index", "the batch dims", min_rank=1)
         if len(index) > len(data):
             raise Reject(f"index has rank {len(index)}, data only {len(data)}")
-        if len(index) > 1 and ctx.opset < 12:
-            raise Reject("a batched gather (GatherND batch_dims) needs opset 12")
-        return Facts(elem_type, len(index), None)
+        return Facts(elem_type, len(index), len(data))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         index = b.Cast(b.input(node.tensor("index")), np.int64, hint="index_i64")
-        b.GatherND(node.tensor("data"), b.Unsqueeze(index, [facts.rank], hint="cells"),
-                   batch_dims=facts.rank - 1, out=node.outputs[0])
+        data_rank = facts.size or facts.rank
+        if data_rank > facts.rank:  # the same row index for every trailing element
+            index = b.Expand(
+                b.Unsqueeze(index, list(range(facts.rank, data_rank)), hint="index_spread"),
+                b.Concat(b.Shape(index, hint="index_shape"),
+                         b.Shape(node.tensor("data"), facts.rank, data_rank,
+                                 hint="trailing"), axis=0, hint="spread_shape"),
+                hint="indices")
+        b.GatherElements(node.tensor("data"), index, facts.rank - 1, out=node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
