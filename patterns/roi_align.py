@@ -23,6 +23,21 @@ Matches:
   ``output_width`` (1), ``sampling_ratio`` (0), ``spatial_scale`` (1.0); int32 or int64
   batch indices. Its max is ONNX Runtime's weighted-corner max.
 
+- ``MMCVMultiLevelRoiAlign(rois, feat_0, ..., feat_{L-1})`` in any domain (mmdeploy's
+  TensorRT export of mmdet's ``SingleRoIExtractor``,
+  ``mmdeploy/codebase/mmdet/models/roi_heads/single_level_roi_extractor.py``; kernel
+  ``csrc/mmdeploy/backend_ops/tensorrt/multi_level_roi_align``): attributes
+  ``output_height``, ``output_width``, ``featmap_strides`` (one per map), ``pool_mode``
+  (0 max, 1 avg), ``sampling_ratio``, ``roi_scale_factor``, ``finest_scale`` (56),
+  ``aligned``. Each roi's level is mmdet's ``map_roi_levels``:
+  ``clip(floor(log2(sqrt(w * h) / finest_scale + 1e-6)), 0, L - 1)`` of the unscaled roi;
+  then a ``roi_scale_factor`` other than 1 (and > 0) rescales it about its centre with the
+  kernel's legacy ``(w + 1) * factor / 2 - 0.5`` half-width; then mmcv's RoI align (max as
+  above) on its level with ``spatial_scale = 1 / stride``. Written as one ``RoiAlign`` per
+  level over all rois and a ``Where`` on the level (L times the sampling, no data-dependent
+  split). The kernel clamps an inverted roi's size to 0 when aligned (ONNX keeps it
+  negative): inverted rois are out of the envelope.
+
 Refused with the reason: a model at opset 22 or later (its RoiAlign is RoiAlign-22,
 which ONNX Runtime 1.32 has no kernel for; measured); mmcv max pooling with an adaptive
 sampling ratio (the samples per bin vary per roi: no standard op takes that max);
@@ -49,12 +64,13 @@ R, N, H, W dynamic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, numpy_dtype
+from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
@@ -297,4 +313,169 @@ def roi_align_reference(x: np.ndarray, boxes: np.ndarray, index: np.ndarray, hei
     return out.astype(x.dtype)
 
 
-PATTERNS = [MMCVRoiAlign(), TensorRTRoiAlign()]
+class LevelFacts(NamedTuple):
+    elem_type: int
+    levels: int
+    max_pool: bool
+    ratio: int
+
+
+class MMDeployMultiLevelRoiAlign(Pattern[LevelFacts]):
+    op_type = "MMCVMultiLevelRoiAlign"
+    forms = (Form("MMCVMultiLevelRoiAlign", attributes={
+        "output_height": Attr("int"), "output_width": Attr("int"),
+        "featmap_strides": Attr("floats"),
+        "pool_mode": Attr("int", default=1, choices=(0, 1)),
+        "sampling_ratio": Attr("int", default=0),
+        "roi_scale_factor": Attr("float", default=1.0),
+        "finest_scale": Attr("int", default=56),
+        "aligned": Attr("int", default=1, choices=(0, 1))},
+        extra_attributes=frozenset({"plugin_version", "plugin_namespace"})),)
+    examples = (
+        Example((("rois", F, ("R", 5)), ("p2", F, ("N", 4, "H2", "W2")),
+                 ("p3", F, ("N", 4, "H3", "W3"))), ((F, 4),),
+                attrs={"output_height": 2, "output_width": 2, "featmap_strides": [4.0, 8.0],
+                       "pool_mode": 1, "sampling_ratio": 2, "finest_scale": 56,
+                       "aligned": 1}, domains=(("mmdeploy", 17),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> LevelFacts:
+        args = node.args
+        levels = len(node.inputs) - 1
+        if levels < 1 or len(args["featmap_strides"]) != levels:
+            raise Reject(f"{levels} feature maps but {len(args['featmap_strides'])} "
+                         "featmap_strides")
+        if min(args["featmap_strides"]) <= 0 or args["finest_scale"] <= 0:
+            raise Reject("featmap_strides and finest_scale must be > 0")
+        if args["output_height"] <= 0 or args["output_width"] <= 0:
+            raise Reject("output_height and output_width must be > 0")
+        if ctx.opset >= 22:
+            raise Reject(f"at opset {ctx.opset} RoiAlign is RoiAlign-22, which ONNX Runtime "
+                         "1.32 has no kernel for; convert the model to opset 16-21 first")
+        if args["aligned"] and ctx.opset < 16:
+            raise Reject("aligned rois need RoiAlign-16 (half_pixel); convert the model to "
+                         "opset 16 (onnx.version_converter) first")
+        elem_type = require_type(ctx, node.inputs[0], "rois", _TYPES)
+        rois = require_shape(ctx, node.inputs[0], "rois", "its layout", min_rank=2,
+                             max_rank=2)
+        if isinstance(rois[1], int) and rois[1] != 5:
+            raise Reject(f"rois must be (R, 5), got {list(rois)}")
+        for level, name in enumerate(node.inputs[1:]):
+            require_type(ctx, name, f"feature map {level}", (elem_type,))
+            require_shape(ctx, name, f"feature map {level}", "(N, C, H, W)", min_rank=4,
+                          max_rank=4)
+        ratio = int(args["sampling_ratio"])
+        max_pool = args["pool_mode"] == 0
+        if max_pool and ratio <= 0:
+            raise Reject("mmcv's max pooling with an adaptive sampling_ratio (0) has no "
+                         "standard-op form: the samples per bin vary per roi")
+        return LevelFacts(elem_type, levels, max_pool, max(ratio, 0))
+
+    def build(self, b: Builder, node: MatchedNode, facts: LevelFacts) -> None:
+        args = node.args
+        original = numpy_dtype(facts.elem_type)
+        narrow = facts.elem_type == TensorProto.FLOAT16
+        f = np.dtype(np.float32) if narrow else original
+        rois = b.input(node.inputs[0], original)
+        if narrow:
+            rois = b.Cast(rois, f, hint="rois_f32")
+        index = b.Cast(b.Squeeze(b.Slice(rois, [0], [1], [1], hint="roi_batch_column"), [1],
+                                 hint="roi_batch"), np.int64, hint="batch_indices")
+        low = b.Slice(rois, [1], [3], [1], hint="roi_low")  # (R, 2): x1, y1
+        high = b.Slice(rois, [3], [5], [1], hint="roi_high")
+        size = b.Sub(high, low, hint="roi_size")
+        area = b.ReduceProd(size, [1], keepdims=False, hint="roi_area")
+        scale = b.Div(b.Sqrt(area, hint="roi_scale"), np.array(args["finest_scale"], f),
+                      hint="scale_ratio")
+        level = b.Floor(b.Div(b.Log(b.Add(scale, np.array(1e-6, f), hint="scale_eps"),
+                                    hint="log_scale"), np.array(np.log(2.0), f),
+                              hint="log2_scale"), hint="level_f")
+        level = b.Clip(level, np.array(0, f), np.array(facts.levels - 1, f),
+                       hint="level_clipped")
+        level = b.Unsqueeze(level, [1, 2, 3], hint="level_4d")  # against (R, C, h, w)
+        boxes = b.Slice(rois, [1], [5], [1], hint="roi_boxes")
+        factor = float(args["roi_scale_factor"])
+        if factor > 0 and factor != 1:  # the kernel's legacy half-width (w + 1) * f / 2 - 0.5
+            centre = b.Mul(b.Add(low, high, hint="roi_sum"), np.array(0.5, f),
+                           hint="roi_centre")
+            half = b.Sub(b.Mul(b.Add(size, np.array(1, f), hint="size_plus_one"),
+                               np.array(factor * 0.5, f), hint="half_scaled"),
+                         np.array(0.5, f), hint="half_size")
+            boxes = b.Concat(b.Sub(centre, half, hint="low_scaled"),
+                             b.Add(centre, half, hint="high_scaled"), axis=1,
+                             hint="rescaled_boxes")
+        height, width = int(args["output_height"]), int(args["output_width"])
+        grid = facts.ratio if facts.max_pool else 1
+        result: Value | None = None
+        for number, (stride, feature) in enumerate(zip(args["featmap_strides"],
+                                                       node.inputs[1:], strict=True)):
+            x = b.input(feature, original)
+            if narrow:
+                x = b.Cast(x, f, hint=f"level{number}_f32")
+            attrs: dict[str, Any] = {
+                "output_height": height * grid, "output_width": width * grid,
+                "sampling_ratio": 1 if facts.max_pool else facts.ratio,
+                "spatial_scale": 1.0 / float(stride), "mode": "avg"}
+            if b.opset >= 16:
+                attrs["coordinate_transformation_mode"] = \
+                    "half_pixel" if args["aligned"] else "output_half_pixel"
+            pooled = b.op("RoiAlign", x, boxes, index, hint=f"level{number}_RoiAlign", **attrs)
+            if facts.max_pool:
+                pooled = b.op("MaxPool", pooled, hint=f"level{number}_bin_max",
+                              kernel_shape=[grid, grid], strides=[grid, grid])
+            if result is None:
+                result = pooled
+                continue
+            last = number == facts.levels - 1 and not narrow
+            result = b.Where(b.Equal(level, np.array(number, f), hint=f"on_level{number}"),
+                             pooled, result, hint=f"up_to_level{number}",
+                             out=node.outputs[0] if last else None)
+        assert result is not None
+        if narrow:
+            b.Cast(result, original, out=node.outputs[0])
+        elif result != node.outputs[0]:
+            b.Identity(result, out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: LevelFacts
+                     ) -> list[OutputType]:
+        rois = ctx.shape(node.inputs[0])
+        x = ctx.shape(node.inputs[1])
+        return [(facts.elem_type, [rois[0] if rois else None, x[1] if x else None,
+                                   int(node.args["output_height"]),
+                                   int(node.args["output_width"])])]
+
+    def evaluate(self, form: Form, inputs: Sequence[np.ndarray | None],
+                 attrs: Mapping[str, Any]) -> list[np.ndarray]:
+        """Variadic inputs (rois, then the maps), so the reference takes them positionally."""
+        rois, *features = inputs
+        assert rois is not None and all(f is not None for f in features)
+        return [multi_level_roi_align_reference(rois, [f for f in features if f is not None],
+                                                dict(attrs))]
+
+
+def multi_level_roi_align_reference(rois: np.ndarray, features: list[np.ndarray],
+                                    args: dict[str, Any]) -> np.ndarray:
+    """The kernel per roi: mmdet's level, the legacy rescale, mmcv's RoI align there."""
+    out = []
+    f32 = np.float32
+    for roi in rois.astype(f32):
+        x0, y0, x1, y1 = (float(v) for v in roi[1:])
+        scale = np.sqrt(f32((y1 - y0) * (x1 - x0)))
+        level = int(np.floor(np.log2(f32(scale / f32(args["finest_scale"]) + f32(1e-6)))))
+        level = min(len(features) - 1, max(0, level))
+        factor = float(args["roi_scale_factor"])
+        box = np.array([x0, y0, x1, y1])
+        if factor > 0 and factor != 1:
+            cx, cy = (x0 + x1) * 0.5, (y0 + y1) * 0.5
+            hw, hh = (x1 - x0 + 1) * factor * 0.5 - 0.5, (y1 - y0 + 1) * factor * 0.5 - 0.5
+            box = np.array([cx - hw, cy - hh, cx + hw, cy + hh])
+        out.append(roi_align_reference(
+            features[level], box[None].astype(f32), np.array([int(roi[0])]),
+            int(args["output_height"]), int(args["output_width"]),
+            1.0 / float(args["featmap_strides"][level]), int(args["sampling_ratio"]),
+            bool(args["aligned"]), "mmcv_max" if args["pool_mode"] == 0 else "avg")[0])
+    shape = (0, features[0].shape[1], int(args["output_height"]), int(args["output_width"]))
+    return np.stack(out) if out else np.zeros(shape, features[0].dtype)
+
+
+PATTERNS = [MMCVRoiAlign(), TensorRTRoiAlign(), MMDeployMultiLevelRoiAlign()]

@@ -25,6 +25,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import decomposer  # noqa: E402
+
 from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
 
 OPSET = 17

@@ -191,5 +191,99 @@ def _head_case(aligned: int, seed: int):
     return case
 
 
+def _multi_level_case():
+    """A Mask R-CNN-style RoI extractor: MMCVMultiLevelRoiAlign over four levels."""
+    rng = np.random.default_rng(13)
+    attrs = {"output_height": 2, "output_width": 2, "pool_mode": 1, "sampling_ratio": 2,
+             "aligned": 0}
+    feeds, expected = [], []
+    for images, count in [(2, 12), (1, 4)]:
+        features = _pyramid(rng, images)
+        rois = _multi_level_rois(rng, count, images)
+        feeds.append({"rois": rois, **{f"p{i}": f for i, f in enumerate(features)}})
+        expected.append([torch_multi_level(rois, features, 2, 2, 2, 0, False).astype(
+            np.float32)])
+    return {"id": "MMCVMultiLevelRoiAlign (4 levels)", "model": _multi_level_model(attrs),
+            "feeds": feeds, "expected": expected, "atol": 2e-5, "opsets": (11, 21)}
+
+
 def portability_cases():
-    return [_head_case(0, 11), _head_case(1, 12)]
+    return [_head_case(0, 11), _head_case(1, 12), _multi_level_case()]
+
+
+# -- mmdeploy's MMCVMultiLevelRoiAlign -------------------------------------------------------
+
+STRIDES = [4.0, 8.0, 16.0, 32.0]
+
+
+def torch_multi_level(rois, features, height, width, ratio, aligned, maximum, factor=1.0,
+                      finest=56):
+    """mmdet SingleRoIExtractor: map_roi_levels (torch), the kernel's legacy rescale, then
+    mmcv's roi_align on the level (torch_roi_align above)."""
+    t = torch.from_numpy(rois)
+    scale = torch.sqrt((t[:, 3] - t[:, 1]) * (t[:, 4] - t[:, 2]))
+    levels = torch.floor(torch.log2(scale / finest + 1e-6)).clamp(min=0, max=len(features) - 1)
+    boxes = t[:, 1:].clone()
+    if factor > 0 and factor != 1:
+        centre = (boxes[:, :2] + boxes[:, 2:]) * 0.5
+        half = (boxes[:, 2:] - boxes[:, :2] + 1) * factor * 0.5 - 0.5
+        boxes = torch.cat([centre - half, centre + half], 1)
+    out = np.zeros((len(rois), features[0].shape[1], height, width))
+    for r in range(len(rois)):
+        level = int(levels[r])
+        out[r] = torch_roi_align(features[level], boxes[r:r + 1].numpy(), [int(t[r, 0])],
+                                 height, width, 1 / STRIDES[level], ratio, aligned, maximum)[0]
+    return out
+
+
+def _pyramid(rng, images, height=64, width=80):
+    return [rng.standard_normal((images, 3, height // int(s), width // int(s))).astype(
+        np.float32) for s in STRIDES]
+
+
+def _multi_level_rois(rng, count, images):
+    centre = rng.uniform(0, 300, (count, 2))
+    size = np.exp(rng.uniform(np.log(4), np.log(400), (count, 2)))
+    return np.concatenate([rng.integers(0, images, (count, 1)), centre, centre + size],
+                          1).astype(np.float32)
+
+
+def _multi_level_model(attrs, opset=17):
+    names = [f"p{i}" for i in range(len(STRIDES))]
+    node = helper.make_node("MMCVMultiLevelRoiAlign", ["rois", *names], ["y"], name="extract",
+                            domain="mmdeploy", featmap_strides=STRIDES, finest_scale=56,
+                            **attrs)
+    inputs = [helper.make_tensor_value_info("rois", TensorProto.FLOAT, ["R", 5])] + [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3, f"H{i}", f"W{i}"])
+        for i, n in enumerate(names)]
+    outputs = [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, ["R", 3, attrs["output_height"], attrs["output_width"]])]
+    return make_model([node], inputs, outputs, opset, extra_opsets=["mmdeploy"])
+
+
+@pytest.mark.parametrize("pool_mode, aligned, ratio, factor", [
+    (1, 1, 2, 1.0), (1, 0, 0, 1.0), (0, 1, 2, 1.0), (1, 1, 0, 1.5)])
+def test_multi_level_roi_align_matches_torch(pool_mode, aligned, ratio, factor):
+    rng = np.random.default_rng(pool_mode + 2 * aligned + ratio)
+    attrs = {"output_height": 3, "output_width": 2, "pool_mode": pool_mode,
+             "sampling_ratio": ratio, "roi_scale_factor": factor, "aligned": aligned}
+    out = decomposer.decompose(_multi_level_model(attrs))
+    onnx.checker.check_model(out, full_check=True)
+    for images, count in [(2, 30), (1, 5)]:
+        features = _pyramid(rng, images)
+        rois = _multi_level_rois(rng, count, images)
+        feeds = {"rois": rois, **{f"p{i}": f for i, f in enumerate(features)}}
+        (got,) = run_onnxruntime(out, feeds)
+        want = torch_multi_level(rois, features, 3, 2, ratio, aligned, pool_mode == 0, factor)
+        np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_multi_level_rejections():
+    attrs = {"output_height": 2, "output_width": 2, "pool_mode": 0, "sampling_ratio": 0,
+             "aligned": 1}
+    with pytest.raises(decomposer.UnsupportedNodeError, match="adaptive sampling_ratio"):
+        decomposer.decompose(_multi_level_model(attrs))
+    model = _multi_level_model({**attrs, "pool_mode": 1})
+    del model.graph.node[0].input[-1]
+    with pytest.raises(decomposer.UnsupportedNodeError, match="3 feature maps but 4"):
+        decomposer.decompose(model)
