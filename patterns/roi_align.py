@@ -156,10 +156,13 @@ class _RoiAlign(Pattern[Facts]):
             boxes = rois
         height, width = int(args["output_height"]), int(args["output_width"])
         grid = facts.ratio if facts.max_pool else 1
+        scale = float(args["spatial_scale"])
+        if scale != 1.0:  # RoiAlign multiplies the same way; TVM needs spatial_scale 1
+            boxes = b.Mul(boxes, np.array(scale, np.float32 if narrow else original),
+                          hint="scaled_boxes")
         attrs: dict[str, Any] = {
             "output_height": height * grid, "output_width": width * grid,
-            "sampling_ratio": 1 if facts.max_pool else facts.ratio,
-            "spatial_scale": float(args["spatial_scale"]),
+            "sampling_ratio": 1 if facts.max_pool else facts.ratio, "spatial_scale": 1.0,
             "mode": "max" if facts.ort_max else "avg"}
         if b.opset >= 16:
             attrs["coordinate_transformation_mode"] = \
@@ -415,11 +418,15 @@ class MMDeployMultiLevelRoiAlign(Pattern[LevelFacts]):
             attrs: dict[str, Any] = {
                 "output_height": height * grid, "output_width": width * grid,
                 "sampling_ratio": 1 if facts.max_pool else facts.ratio,
-                "spatial_scale": 1.0 / float(stride), "mode": "avg"}
+                "spatial_scale": 1.0, "mode": "avg"}
+            # the rois in this map's pixels (RoiAlign's own spatial_scale trips TVM)
+            level_boxes = b.Mul(boxes, np.array(1.0 / float(stride), f),
+                                hint=f"level{number}_boxes")
             if b.opset >= 16:
                 attrs["coordinate_transformation_mode"] = \
                     "half_pixel" if args["aligned"] else "output_half_pixel"
-            pooled = b.op("RoiAlign", x, boxes, index, hint=f"level{number}_RoiAlign", **attrs)
+            pooled = b.op("RoiAlign", x, level_boxes, index, hint=f"level{number}_RoiAlign",
+                          **attrs)
             if facts.max_pool:
                 pooled = b.op("MaxPool", pooled, hint=f"level{number}_bin_max",
                               kernel_shape=[grid, grid], strides=[grid, grid])

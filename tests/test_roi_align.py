@@ -185,9 +185,6 @@ def _head_case(aligned: int, seed: int):
     case = {"id": f"MMCVRoiAlign aligned={aligned} (max and avg)", "model": model,
             "feeds": feeds, "expected": expected, "atol": 2e-5,
             "opsets": (16 if aligned else 11, 21)}
-    if aligned:
-        case["skip"] = {"tvm": "TVM 0.27's RoiAlign-16 ignores coordinate_transformation_mode"
-                               "=half_pixel (measured: it computes output_half_pixel)"}
     return case
 
 
