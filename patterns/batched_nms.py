@@ -313,6 +313,12 @@ class BatchedNMS(_BatchedNMS):
                        "topK": 20, "keepTopK": 10, "scoreThreshold": 0.3,
                        "iouThreshold": 0.5, "isNormalized": 1, "clipBoxes": 0},
                 domains=(("", 13), ("trt", 13))),
+        Example((("boxes", F, ("B", "N", 3, 4)), ("scores", F, ("B", "N", 3))),
+                ((I32, 2), (F, 3), (F, 2), (F, 2)),
+                attrs={"shareLocation": 0, "backgroundLabelId": -1, "numClasses": 3,
+                       "topK": 20, "keepTopK": 10, "scoreThreshold": 0.3,
+                       "iouThreshold": 0.5, "isNormalized": 0, "clipBoxes": 1},
+                domains=(("", 13),), op_type="BatchedNMSDynamic_TRT"),
     )
 
 

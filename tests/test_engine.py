@@ -270,6 +270,10 @@ def test_engine_knows_no_op_by_name():
             names.update(form.op_types)
             if form.aten:
                 names.add(form.aten)
+    # A pattern may answer for a custom spelling of a standard op's name (mmcv's
+    # NonMaxSuppression); the builder emits standard ops by name, which is not knowing a
+    # custom op.
+    names = {name for name in names if not onnx.defs.has(name)}
     modules = sorted((ROOT / "decomposer").glob("*.py"))
     assert len(modules) > 10
     for module in modules:
