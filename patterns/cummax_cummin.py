@@ -4,7 +4,9 @@ Matches:
 - torch's fallbacks ``org.pytorch.aten::cummax(x, dim)`` / ``cummin`` and
   ``ATen(operator="cummax" | "cummin")``, two outputs (values, indices), ``dim`` a constant
   int64 input;
-- ``CumMax(x; dim:int)`` and ``CumMin(x; dim:int)`` in any domain, two outputs.
+- ``CumMax(x; dim:int)`` and ``CumMin(x; dim:int)`` in any domain, two outputs;
+- mmcv's ``mmcv::cummax(x; dim)`` / ``mmcv::cummin`` (what mmcv's corner pooling exports
+  with torch >= 1.5; its kernel is a copy of torch's), two outputs.
 
 Semantics are exactly torch's CPU kernel: walking along ``dim``, the running value is
 replaced by the current element when the current element is NaN, or when the running value
@@ -337,13 +339,17 @@ def cumulative_extreme_reference(x: np.ndarray, dim: int, largest: bool
     return np.moveaxis(values, -1, dim), np.moveaxis(indices, -1, dim)
 
 
-def _cumulative_forms(op_type: str, aten: str) -> tuple[Form, Form]:
-    """``CumMax``/``CumMin(x; dim)`` natively; torch's ``cummax``/``cummin(self, dim)``.
-    Two outputs: values and int64 indices."""
-    return (Form(op_type, inputs=(In("x"),), outputs=2, attributes={
-                "dim": Attr("int", doc="the axis to scan, negative counts from the end")}),
+def _cumulative_forms(op_type: str, aten: str) -> tuple[Form, Form, Form]:
+    """``CumMax``/``CumMin(x; dim)`` natively; torch's ``cummax``/``cummin(self, dim)``;
+    mmcv's ``mmcv::cummax``/``cummin(x; dim)`` (``mmcv/onnx/symbolic.py``, written for
+    torch >= 1.5 corner pooling; its ONNX Runtime kernel, ``reduce_ops.cpp``, is torch's
+    ``cummax_helper``). Two outputs: values and int64 indices."""
+    dim = {"dim": Attr("int", doc="the axis to scan, negative counts from the end")}
+    return (Form(op_type, inputs=(In("x"),), outputs=2, attributes=dim),
             Form(aten=aten, inputs=(In("x"), Const("dim", "int", why="it picks the axis")),
-                 outputs=2))
+                 outputs=2),
+            Form(aten, domains=frozenset({"mmcv"}), inputs=(In("x"),), outputs=2,
+                 attributes=dim, label=f"{aten} (mmcv)"))
 
 
 class CumMax(_CumExtreme):
@@ -352,6 +358,8 @@ class CumMax(_CumExtreme):
     largest = True
     examples = (
         Example((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1}, aten=("x", i64(1))),
+        Example((("x", F, ("N", 2, 5, 6)),), ((F, 4), (I64, 4)), attrs={"dim": 2},
+                domains=(("mmcv", 13),), op_type="cummax"),
     )
 
 
@@ -367,6 +375,8 @@ class CumMin(_CumExtreme):
             domains=(("custom.ops", 11),),
             aten=("x", i64(-1)),
         ),
+        Example((("x", F, ("N", 5)),), ((F, 2), (I64, 2)), attrs={"dim": 1},
+                domains=(("mmcv", 13),), op_type="cummin"),
     )
 
 

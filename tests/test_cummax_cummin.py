@@ -241,3 +241,26 @@ def portability_cases():
                       "expected": [torch_cum(x, dim, op == "cummax") for x in xs],
                       "atol": 0.0})
     return cases
+
+
+@pytest.mark.parametrize("op", ["cummax", "cummin"])
+def test_mmcv_spelling_matches_torch(op):
+    """mmcv::cummax / cummin (corner pooling's export with torch >= 1.5), ties included."""
+    rng = np.random.default_rng(5)
+    node = helper.make_node(op, ["x"], ["values", "indices"], name="scan", domain="mmcv",
+                            dim=2)
+    dims = ["N", 2, "H", 5]
+    graph = helper.make_graph([node], "scan", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, dims)], [
+        helper.make_tensor_value_info("values", TensorProto.FLOAT, dims),
+        helper.make_tensor_value_info("indices", TensorProto.INT64, dims)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13),
+                                                    helper.make_opsetid("mmcv", 1)],
+                              ir_version=ir_version_for(13))
+    out = decomposer.decompose(model)
+    for shape in [(2, 2, 6, 5), (1, 2, 3, 5)]:
+        x = rng.integers(0, 4, shape).astype(np.float32)  # many ties
+        values, indices = run_onnxruntime(out, {"x": x})
+        want = getattr(torch, op)(torch.from_numpy(x), 2)
+        np.testing.assert_array_equal(values, want.values.numpy())
+        np.testing.assert_array_equal(indices, want.indices.numpy())
