@@ -252,7 +252,7 @@ class TensorRTRoiAlign(_RoiAlign):
 
 # -- numpy reference: mmcv's roi_align kernel (and the weighted-corner max), float64 -----
 
-def _bilinear_terms(image: np.ndarray, y: float, x: float) -> list[tuple[float, np.ndarray]]:
+def mmcv_bilinear_terms(image: np.ndarray, y: float, x: float) -> list[tuple[float, np.ndarray]]:
     """(weight, C-vector) of the four corners of one sample, mmcv's border rule: outside
     [-1, H] x [-1, W] nothing; coordinates clamped to 0 below; the last row/column repeated."""
     height, width = image.shape[1:]
@@ -302,7 +302,7 @@ def roi_align_reference(x: np.ndarray, boxes: np.ndarray, index: np.ndarray, hei
                     y = y1 + ph * bin_h + (iy + 0.5) * bin_h / grid_h
                     for ix in range(grid_w):
                         xx = x1 + pw * bin_w + (ix + 0.5) * bin_w / grid_w
-                        terms = _bilinear_terms(image, y, xx)
+                        terms = mmcv_bilinear_terms(image, y, xx)
                         value = sum((w * v for w, v in terms), np.zeros(x.shape[1]))
                         total += value
                         if mode == "mmcv_max":
