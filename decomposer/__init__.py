@@ -5,6 +5,7 @@ In: an exported ``.onnx`` model holding opaque nodes (custom-domain ops emitted 
 standard ONNX ops at the model's own opset, runnable on every engine.
 
 Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_file`,
+:func:`decompose_many` and :func:`check` (many models: :mod:`decomposer.batch`),
 :func:`load_model`, :func:`save_model`, :func:`verify`, :func:`require_passed`,
 :func:`register`, :class:`Pattern`, :class:`Attr`,
 :class:`Reject`, :class:`Report`, and the :class:`DecomposerError` family.
@@ -14,6 +15,7 @@ Public API: :func:`decompose`, :func:`decompose_with_report`, :func:`decompose_f
 from __future__ import annotations
 
 from decomposer.api import decompose, decompose_file, decompose_with_report, register
+from decomposer.batch import BatchReport, ModelResult, check_many, decompose_many
 from decomposer.errors import (
     CheckFailedError,
     DecomposerError,
@@ -35,8 +37,15 @@ from decomposer.verification import VerifyReport, require_passed, verify
 
 __version__ = "0.1.0"
 
+check = check_many  # decomposer.check(paths, engines=[...]): a report, nothing written
+
 __all__ = [
     "Attr",
+    "BatchReport",
+    "ModelResult",
+    "check",
+    "check_many",
+    "decompose_many",
     "Const",
     "Form",
     "In",

@@ -1,11 +1,15 @@
-"""The command line: ``decomposer IN OUT`` / ``python -m decomposer IN OUT``.
+"""The command line: ``decomposer IN OUT`` / ``python -m decomposer IN OUT``, many models
+with ``decomposer IN... -o OUT_DIR`` (or a folder), and ``decomposer check IN...|DIR``.
 
 In: ``argv`` (a list of strings). Out: an exit code, one summary line on stdout, and errors
-as one clear line (per offending node, for unsupported nodes) on stderr.
+as one clear line (per offending node, for unsupported nodes) on stderr. Many models: a
+progress bar on a terminal (tqdm; none with ``-q`` or when stderr is not a terminal), one
+line per failed model, one summary line, ``--report`` a JSON report with every model and
+the totals (:mod:`decomposer.batch`).
 
 Exit codes: 0 ok; 1 verification failed; 2 bad input or usage; 3 unsupported nodes remain;
 4 internal error (the output failed onnx.checker, or a pattern crashed); 5 cannot write the
-output. Only ``--debug`` shows a traceback.
+output. Many models: the highest code of any model. Only ``--debug`` shows a traceback.
 """
 
 from __future__ import annotations
@@ -46,8 +50,15 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok, 1 verification failed, 2 bad input or usage, "
                "3 unsupported nodes remain, 4 internal error, 5 cannot write output",
     )
-    parser.add_argument("input", nargs="?", help="model to read (.onnx)")
-    parser.add_argument("output", nargs="?", help="model to write (may equal INPUT)")
+    parser.add_argument("paths", nargs="*", metavar="IN [OUT]",
+                        help="model to read (.onnx) and model to write (may equal IN); with "
+                             "-o: models and folders to read (a folder: every *.onnx below "
+                             "it)")
+    parser.add_argument("-o", "--output-dir", metavar="OUT_DIR",
+                        help="decompose every model given into OUT_DIR (relative layout "
+                             "kept); the run's exit code is the worst model's")
+    parser.add_argument("-j", "--jobs", type=int, metavar="N",
+                        help="worker processes for many models (default: the CPU count)")
     parser.add_argument("--list-patterns", action="store_true",
                         help="list the available patterns and exit")
     parser.add_argument("--dry-run", action="store_true",
@@ -104,10 +115,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(argv) if argv is not None else sys.argv[1:]
+    if arguments[:1] == ["check"]:
+        return check_main(arguments[1:])
     parser = _parser()
     try:
-        args = parser.parse_args(_verify_mode_explicit(
-            list(argv) if argv is not None else sys.argv[1:]))
+        args = parser.parse_args(_verify_mode_explicit(arguments))
     except SystemExit as exit_:  # argparse already printed usage/--help/--version
         return int(exit_.code or 0)
     logging.basicConfig(level=logging.DEBUG if args.debug else
@@ -147,9 +160,23 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"{pattern.name:<{width}} [{entry.source}] ({'; '.join(forms)}) "
                   f"{pattern.summary}")
         return EXIT_OK
+    if args.output_dir is not None:
+        return _run_many(args, parser)
+    if len(args.paths) > 2:
+        parser.print_usage(sys.stderr)
+        print("decomposer: error: give IN OUT, or IN... -o OUT_DIR for many models",
+              file=sys.stderr)
+        return EXIT_USAGE
+    args.input, args.output = (args.paths + [None, None])[:2]
+    if args.jobs is not None and not args.quiet:
+        print("decomposer: warning: -j applies to many models (-o OUT_DIR)", file=sys.stderr)
     if not args.input:
         parser.print_usage(sys.stderr)
         print("decomposer: error: give INPUT and OUTPUT (or --list-patterns)", file=sys.stderr)
+        return EXIT_USAGE
+    if Path(args.input).is_dir():
+        print(f"decomposer: error: {args.input} is a directory; give -o OUT_DIR to "
+              f"decompose every model in it", file=sys.stderr)
         return EXIT_USAGE
     if not args.output and not args.dry_run:
         parser.print_usage(sys.stderr)
@@ -200,6 +227,144 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if report.verification is not None:
             print(report.verification.summary())
     return EXIT_OK
+
+
+def _progress_bar(total: int, quiet: bool, what: str) -> Any:
+    """A tqdm bar on stderr when it is a terminal (and not ``-q``), else None."""
+    if quiet or total < 2 or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="model", desc=what, file=sys.stderr, leave=False)
+
+
+def _batch_done(report: Any, args: argparse.Namespace, quiet: bool) -> int:
+    for model in report.models:
+        if model.exit_code and not quiet:
+            print(f"decomposer: error: {model.input}: {model.status}: {model.message}",
+                  file=sys.stderr)
+    if args.report:
+        _write_report(args.report, report.to_dict())
+    print(report.summary())
+    return int(report.exit_code)
+
+
+def _run_many(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from decomposer.batch import collect_models, decompose_many
+
+    if not args.paths:
+        parser.print_usage(sys.stderr)
+        print("decomposer: error: give the models or folders to decompose before -o",
+              file=sys.stderr)
+        return EXIT_USAGE
+    refused = [flag for flag, given in [("--verify", args.verify), ("--dry-run", args.dry_run),
+                                        ("--inputs", args.inputs)] if given]
+    if refused:
+        print(f"decomposer: error: {', '.join(refused)} works on one model (IN OUT), not "
+              f"with -o; use `decomposer check` for a dry run of many", file=sys.stderr)
+        return EXIT_USAGE
+    if args.jobs is not None and args.jobs < 1:
+        print("decomposer: error: -j must be >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    if args.report:
+        _require_writable(args.report, "--report")
+    count = len(collect_models(args.paths))
+    bar = _progress_bar(count, args.quiet, "decomposing")
+    try:
+        report = decompose_many(
+            args.paths, args.output_dir, jobs=args.jobs, target=args.target,
+            lower=_split_names(args.lower), allow_unsupported=args.allow_unsupported,
+            check=not args.no_check, pattern_sources=args.patterns, override=args.override,
+            progress=(lambda _: bar.update(1)) if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    return _batch_done(report, args, args.quiet)
+
+
+def _check_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="decomposer check",
+        description="Write nothing; list every model that still needs a plugin (custom "
+                    "nodes no pattern rewrites; ONNX Runtime contrib ops under the portable "
+                    "target) and, with --engines, the standard ops each engine lacks and "
+                    "the --lower that fixes each.",
+        epilog="exit codes: 0 every model runs without a plugin, 2 a model cannot be read, "
+               "3 a model still needs a plugin, 4 internal error; --strict-engines: 3 also "
+               "when an engine lacks an op")
+    parser.add_argument("paths", nargs="+", metavar="IN_OR_DIR",
+                        help="models and folders (a folder: every *.onnx below it)")
+    parser.add_argument("--engines", default="", metavar="E[,E]",
+                        help="ort, openvino, tvm, onnx2torch, onnx2tf, tensorrt")
+    parser.add_argument("--strict-engines", action="store_true",
+                        help="exit 3 when an engine asked about lacks an op, too")
+    parser.add_argument("--target", choices=TARGETS, default="portable")
+    parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
+                        help="check as if these standard ops were decomposed too")
+    parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE")
+    parser.add_argument("--override", action="store_true")
+    parser.add_argument("--report", metavar="FILE.json", help="write the JSON report")
+    parser.add_argument("-j", "--jobs", type=int, metavar="N")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="only the models that need work, and the summary")
+    parser.add_argument("--no-check", action="store_true")
+    parser.add_argument("--debug", action="store_true")
+    return parser
+
+
+def check_main(argv: Sequence[str]) -> int:
+    """``decomposer check``: see :func:`_check_parser`."""
+    parser = _check_parser()
+    try:
+        args = parser.parse_args(list(argv))
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    try:
+        from decomposer.batch import check_many, collect_models
+
+        if args.report:
+            _require_writable(args.report, "--report")
+        engines = _split_names([args.engines])
+        count = len(collect_models(args.paths))
+        bar = _progress_bar(count, args.quiet, "checking")
+        try:
+            report = check_many(args.paths, engines=engines, jobs=args.jobs,
+                                target=args.target, lower=_split_names(args.lower),
+                                check=not args.no_check, pattern_sources=args.patterns,
+                                override=args.override,
+                                progress=(lambda _: bar.update(1)) if bar is not None
+                                else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        for model in report.models:
+            if model.status == "ok" and args.quiet:
+                continue
+            print(f"{model.input}: {model.status}"
+                  + (f" ({model.message})" if model.message else ""))
+            for issue in model.unsupported:
+                print(f"  needs a plugin: {issue}")
+            for engine, found in model.engines.items():
+                for gap in found:
+                    fix = f"--lower {gap['lower']}" if gap["lower"] else "no fix"
+                    print(f"  {engine}: {gap['op']} x{gap['nodes']}: {fix} "
+                          f"({gap['evidence']})")
+        if args.report:
+            _write_report(args.report, report.to_dict())
+        print(report.summary())
+        code = int(report.exit_code)
+        if code == 0 and args.strict_engines and any(
+                gaps for model in report.models for gaps in model.engines.values()):
+            code = 3
+        return code
+    except DecomposerError as exc:
+        if args.debug:
+            traceback.print_exc()
+        _print_error(exc)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("decomposer: interrupted", file=sys.stderr)
+        return 130
 
 
 def _verify_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""The generated sections of the docs: the README's supported-op table and the portability
-rules table of docs/portability.md.
+"""The generated sections of the docs: the README's supported-op table, and the portability
+rules table and the engine-gap table (``decomposer/data/engine_support.json``) of
+docs/portability.md.
 
 In: the built-in registry (each pattern's spellings and its module's docstring) and
 ``decomposer.portability.RULES``. Out: with no option, both tables on stdout; ``--write``
@@ -13,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from decomposer import engine_support
 from decomposer.portability import rules_table
 from decomposer.registry import build_registry
 
@@ -48,6 +50,7 @@ def supported_ops_table() -> str:
 SECTIONS = (
     ("README.md", "supported-ops", supported_ops_table),
     ("docs/portability.md", "portability-rules", rules_table),
+    ("docs/portability.md", "engine-gaps", lambda: engine_support.table() + "\n"),
 )
 
 

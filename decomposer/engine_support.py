@@ -1,0 +1,102 @@
+"""What each inference engine lacks among standard ONNX ops: the project's measured
+portability knowledge, machine-readable.
+
+In: a model (usually decomposed) and engine names. Out: :func:`engine_gaps`, per engine, one
+entry per op type of the model that engine cannot run (or runs with other numbers) at the
+model's opset: the op, how many nodes, why (the evidence), and the ``--lower`` that fixes it
+(None when no pattern can). The knowledge lives in one data file,
+``decomposer/data/engine_support.json``, from which docs/portability.md's engine table is
+generated; ``tests/test_engine_support.py`` re-measures its ONNX Runtime, OpenVINO and TVM
+entries. Conditions an entry may carry: ``min_opset`` (the op's version at the model's
+opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant) or
+``mode_max`` (the node's ``mode`` attribute is "max").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from decomposer.graphs import all_graphs, norm_domain, opset_map
+
+__all__ = ["engine_gaps", "gaps", "known_engines", "table"]
+
+DATA = Path(__file__).resolve().parent / "data" / "engine_support.json"
+
+
+@cache
+def _data() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DATA.read_text(encoding="utf-8"))
+    return loaded
+
+
+def known_engines() -> list[str]:
+    return list(_data()["engines"])
+
+
+def gaps() -> list[dict[str, Any]]:
+    """Every recorded gap (the data file's ``gaps``)."""
+    return [dict(entry) for entry in _data()["gaps"]]
+
+
+def _constants(graph: onnx.GraphProto) -> set[str]:
+    names = {init.name for init in graph.initializer}
+    names |= {out for node in graph.node if node.op_type == "Constant"
+              and norm_domain(node.domain) == "" for out in node.output}
+    return names
+
+
+def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
+             constants: set[str]) -> bool:
+    if node.op_type != entry["op"] or norm_domain(node.domain) != "":
+        return False
+    if opset < int(entry.get("min_opset", 0)):
+        return False
+    when = entry.get("when")
+    if when == "size_not_constant":
+        return len(node.input) > 1 and node.input[1] not in constants
+    if when == "mode_max":
+        return any(a.name == "mode" and a.s == b"max" for a in node.attribute)
+    return True
+
+
+def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
+                ) -> dict[str, list[dict[str, Any]]]:
+    """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "evidence"}``."""
+    found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
+    if model is None:
+        return found
+    opset = opset_map(list(model.opset_import)).get("", 1)
+    entries = gaps()
+    hits: dict[tuple[str, int], int] = {}  # (engine, row) -> nodes
+    for graph in all_graphs(model.graph):
+        constants = _constants(graph)
+        for node in graph.node:
+            for row, entry in enumerate(entries):
+                if entry["engine"] in found and _applies(entry, node, opset, constants):
+                    hits[(entry["engine"], row)] = hits.get((entry["engine"], row), 0) + 1
+    for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
+        entry = entries[row]
+        found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
+                              "evidence": entry["evidence"]})
+    return found
+
+
+def table() -> str:
+    """The markdown table docs/portability.md holds (generated)."""
+    names = _data()["engines"]
+    lines = ["| engine | op | when | fix | evidence |", "|---|---|---|---|---|"]
+    for entry in gaps():
+        condition = {None: "always", "size_not_constant": "its size is not a constant",
+                     "mode_max": "`mode=\"max\"`"}[entry.get("when")]
+        if entry.get("min_opset"):
+            condition = f"opset >= {entry['min_opset']}"
+        fix = f"`--lower {entry['lower']}`" if entry.get("lower") else "none (no pattern)"
+        lines.append(f"| {names[entry['engine']]} | {entry['op']} | {condition} | {fix} | "
+                     f"{entry['evidence']} |")
+    return "\n".join(lines)

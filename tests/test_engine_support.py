@@ -1,0 +1,119 @@
+"""decomposer/data/engine_support.json, re-measured: every ONNX Runtime, OpenVINO and TVM row
+is run on its engine (the op fails there, or gives other numbers than ONNX Runtime, and the
+named ``--lower`` fixes it); every row is well formed; docs/portability.md's table is
+generated from the file. The converter rows (onnx2torch, onnx2tf) are measured by
+scripts/portability.py, whose results docs/portability.md records."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer import engine_support, engines
+from decomposer.errors import EngineRunError
+
+from _helpers import make_model, run_onnxruntime
+
+IN_PROCESS = ("ort", "openvino", "tvm")
+
+
+def _affine_grid_fed() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    node = helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=0)
+    model = make_model([node], [helper.make_tensor_value_info("theta", TensorProto.FLOAT,
+                                                              ["N", 2, 3]),
+                                helper.make_tensor_value_info("size", TensorProto.INT64, [4])],
+                       [helper.make_tensor_value_info("grid", TensorProto.FLOAT,
+                                                      ["N", None, None, 2])], 20)
+    theta = np.random.default_rng(0).standard_normal((2, 2, 3)).astype(np.float32)
+    return model, {"theta": theta, "size": np.array([2, 1, 4, 5], np.int64)}
+
+
+def _deform_conv() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(1)
+    node = helper.make_node("DeformConv", ["x", "w", "offset"], ["y"], kernel_shape=[3, 3],
+                            pads=[1, 1, 1, 1])
+    model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                              [1, 2, 5, 5]),
+                                helper.make_tensor_value_info("offset", TensorProto.FLOAT,
+                                                              [1, 18, 5, 5])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])],
+                       19, initializers=[onnx.numpy_helper.from_array(
+                           rng.standard_normal((4, 2, 3, 3)).astype(np.float32), "w")])
+    return model, {"x": rng.standard_normal((1, 2, 5, 5)).astype(np.float32),
+                   "offset": rng.standard_normal((1, 18, 5, 5)).astype(np.float32)}
+
+
+def _roi_align(opset: int, mode: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(2)
+    node = helper.make_node("RoiAlign", ["x", "rois", "index"], ["y"], output_height=2,
+                            output_width=2, sampling_ratio=2, mode=mode)
+    model = make_model([node], [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8]),
+        helper.make_tensor_value_info("rois", TensorProto.FLOAT, [3, 4]),
+        helper.make_tensor_value_info("index", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2, 2, 2])], opset)
+    return model, {"x": rng.standard_normal((1, 2, 8, 8)).astype(np.float32),
+                   "rois": np.array([[0, 0, 5, 5], [1, 2, 7, 6], [2, 1, 4, 7]], np.float32),
+                   "index": np.zeros(3, np.int64)}
+
+
+# (engine, op, condition) -> the probe that shows the gap
+PROBES = {
+    ("tvm", "AffineGrid", "size_not_constant"): _affine_grid_fed,
+    ("tvm", "DeformConv", None): _deform_conv,
+    ("openvino", "DeformConv", None): _deform_conv,
+    ("openvino", "RoiAlign", "mode_max"): lambda: _roi_align(16, "max"),
+    ("ort", "RoiAlign", None): lambda: _roi_align(22, "avg"),
+}
+
+
+def _rows():
+    return [entry for entry in engine_support.gaps() if entry["engine"] in IN_PROCESS]
+
+
+def test_every_in_process_row_has_a_probe():
+    assert {(e["engine"], e["op"], e.get("when")) for e in _rows()} == set(PROBES)
+
+
+@pytest.mark.parametrize("entry", _rows(), ids=lambda e: f"{e['engine']}-{e['op']}")
+def test_row_is_measured_again(entry):
+    pytest.importorskip(engines.ENGINES[entry["engine"]].module)
+    model, feeds = PROBES[(entry["engine"], entry["op"], entry.get("when"))]()
+    assert engine_support.engine_gaps(model, [entry["engine"]])[entry["engine"]], \
+        "the model shows the gap, so check must name it"
+    try:
+        got = engines.run_model(entry["engine"], model, feeds, static_shapes=True)
+    except EngineRunError:
+        got = None
+    if got is not None:  # runs, but with other numbers than ONNX Runtime
+        (want,) = run_onnxruntime(model, feeds)
+        assert not np.allclose(got[0], want, atol=1e-4), "the engine no longer differs"
+    if entry.get("lower"):
+        fixed = decomposer.decompose(model, lower=[entry["lower"]])
+        assert not engine_support.engine_gaps(fixed, [entry["engine"]])[entry["engine"]]
+        (want,) = run_onnxruntime(fixed, feeds)
+        (result,) = engines.run_model(entry["engine"], fixed, feeds, static_shapes=True)
+        np.testing.assert_allclose(result, want, atol=1e-4)
+
+
+def test_rows_are_well_formed():
+    known = set(engine_support.known_engines())
+    for entry in engine_support.gaps():
+        assert entry["engine"] in known and entry["evidence"]
+        assert entry.get("when") in (None, "size_not_constant", "mode_max")
+        assert onnx.defs.has(entry["op"]), entry["op"]
+        if entry.get("lower"):  # a pattern decomposes it
+            names = {form_op for e in decomposer.registry.build_registry(entry_points=False)
+                     for form in e.pattern.spellings() for form_op in form.op_types}
+            assert entry["lower"] in names
+
+
+def test_constant_size_affine_grid_is_no_tvm_gap():
+    model, _ = _affine_grid_fed()
+    model.graph.initializer.append(onnx.numpy_helper.from_array(np.array([2, 1, 4, 5],
+                                                                          np.int64), "size"))
+    del model.graph.input[1]
+    assert engine_support.engine_gaps(model, ["tvm"]) == {"tvm": []}
