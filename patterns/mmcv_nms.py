@@ -17,6 +17,10 @@ Before -> after::
     NonMaxSuppression(boxes[None] (+ offset on the max corner), scores[None, None],
                       2^31 - 1, iou_threshold)[:, 2]
 
+No mmcv version writes an op named ``NMS`` (read: v1.0-v1.7.2 and 2.x): v1.1-v1.2.2, the
+branch without mmcv's ONNX Runtime ops, and 2.x through mmdeploy write standard
+``NonMaxSuppression``, which needs nothing here.
+
 Ties: mmcv's ``std::sort`` is not stable, so it defines no order for equal scores; here the
 lower index comes first (ONNX Runtime's and OpenVINO's rule). Boxes with a max corner below
 the min corner are out of the envelope (mmcv does not sort corners, NonMaxSuppression

@@ -177,16 +177,20 @@ def test_ctrl_c_leaves_no_partial_files(tmp_path):
         onnx.checker.check_model(onnx.load(model))  # every file there is complete
 
 
-def _native_stn(opset: int = 20) -> onnx.ModelProto:
-    """The seed STN's shape at opset 20: AffineGrid(theta, size fed at run time) ->
-    GridSample."""
-    nodes = [helper.make_node("AffineGrid", ["theta", "size"], ["grid"], align_corners=0),
-             helper.make_node("GridSample", ["x", "grid"], ["y"])]
-    return make_model(nodes, [
-        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 1, "H", "W"]),
-        helper.make_tensor_value_info("theta", TensorProto.FLOAT, ["N", 2, 3]),
-        helper.make_tensor_value_info("size", TensorProto.INT64, [4])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1, "H", "W"])], opset)
+def _native_stn() -> onnx.ModelProto:
+    """The seed STN at opset 20 with ONNX's own AffineGrid (size fed at run time) instead
+    of the article's custom node: Conv -> AffineGrid-20 -> GridSample."""
+    model = onnx.load(STN)
+    for node in model.graph.node:
+        if node.op_type == "AffineGrid":
+            node.domain = ""
+    imports = [op for op in model.opset_import if op.domain in ("", "ai.onnx")]
+    del model.opset_import[:]
+    model.opset_import.extend(imports)
+    model.opset_import[0].version = 20
+    model.ir_version = max(model.ir_version, 9)
+    onnx.checker.check_model(model, full_check=True)
+    return model
 
 
 def _deform_conv_19() -> onnx.ModelProto:
