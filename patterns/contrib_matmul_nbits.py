@@ -1,0 +1,222 @@
+"""ONNX Runtime's com.microsoft MatMulNBits (block-quantized weights: the onnxruntime-genai
+model builder's and ORT's quantizer's int4 linear layers) as integer unpacking, a
+dequantization and a MatMul.
+
+Matches ``MatMulNBits(A, B, scales[, zero_points][, g_idx][, bias]; K, N, bits,
+block_size, accuracy_level, weight_prepacked)`` in com.microsoft (the schema ONNX Runtime
+1.32 registers; docs/ContribOperators.md):
+- B: uint8 (N, k_blocks, blob_size), ``k_blocks = ceil(K / block_size)``, ``blob_size =
+  block_size * bits / 8``; along K the values are packed low bits first (for 4 bits: the
+  first value in the low nibble of a byte, the second in the high nibble).
+- scales: (N, k_blocks) (or flat), A's type. zero_points: absent (``2^(bits - 1)``), packed
+  uint8 (N, ceil(k_blocks * bits / 8)) the same way as B, or unpacked (N, k_blocks) of A's
+  type. bias: (N,). g_idx (deprecated) is refused: ONNX Runtime 1.32's kernel given one,
+  even the trivial ``k // block_size``, does not compute the documented formula (measured
+  against it), so no exact form is pinned.
+- ``Y = A @ W^T (+ bias)``, ``W[n, k] = (q[n, k] - zero_point[n, b(k)]) * scale[n, b(k)]``.
+
+``accuracy_level`` only lets ONNX Runtime's kernel compute in lower precision (4: A
+quantized to int8): the decomposition computes the definition in float32 (so it can differ
+from such a kernel by that kernel's rounding). ``weight_prepacked=1`` (a layout private to
+a kernel) and the empty "omitted projection" B are refused.
+
+Before -> after::
+
+    q   = (Cast(B, int32) // 2^(bits * i)) % 2^bits per packed slot i, slots interleaved
+          -> (N, K)                                            # bits 2, 4 or 8
+    W^T = Transpose((q - zero_point[:, k // block_size]) * scale[:, k // block_size])
+    Y   = MatMul(A, W^T) (+ bias)
+
+When B, scales and zero_points are initializers an engine folds the dequantization once;
+the weights stay packed in the file. Envelope: opsets 11+ (bfloat16 13+); bits 2, 4, 8
+(values that do not fill bytes evenly, 3 and 5-7, are refused: their packing across bytes
+is not pinned); K, N, block_size static; A's leading dims dynamic.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import Example, F
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+U8 = TensorProto.UINT8
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    k_blocks: int
+    packed_zero_points: bool
+
+
+class MatMulNBits(Pattern[Facts]):
+    op_type = "MatMulNBits"
+    forms = (Form("MatMulNBits", domains=frozenset({"com.microsoft"}), inputs=(
+        In("A"), In("B"), In("scales"), In("zero_points", optional=True),
+        In("g_idx", optional=True), In("bias", optional=True)), attributes={
+        "K": Attr("int"), "N": Attr("int"), "bits": Attr("int", default=4),
+        "block_size": Attr("int"), "accuracy_level": Attr("int", default=0),
+        "weight_prepacked": Attr("int", default=0, choices=(0,))}),)
+    examples = (
+        Example((("a", F, ("B", "S", 32)), ("b", U8, (4, 2, 8)), ("s", F, (4, 2))),
+                ((F, 3),), attrs={"K": 32, "N": 4, "bits": 4, "block_size": 16},
+                domains=(("com.microsoft", 17),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        args = node.args
+        bits, block, k, n = (int(args[name]) for name in ("bits", "block_size", "K", "N"))
+        if bits not in (2, 4, 8):
+            raise Reject(f"bits = {bits}: only 2, 4 and 8 (values that fill bytes evenly) are "
+                         "pinned")
+        if block < 16 or block & (block - 1):
+            raise Reject(f"block_size = {block} must be a power of 2 >= 16 (the schema)")
+        if k <= 0 or n <= 0:
+            raise Reject("K and N must be > 0")
+        k_blocks = -(-k // block)
+        elem_type = require_type(ctx, node.tensor("A"), "A", _TYPES)
+        a = require_shape(ctx, node.tensor("A"), "A", "its rank", min_rank=1)
+        if isinstance(a[-1], int) and a[-1] != k:
+            raise Reject(f"A's last dim is {a[-1]}, K = {k}")
+        require_type(ctx, node.tensor("B"), "B", (U8,))
+        b_shape = require_shape(ctx, node.tensor("B"), "B", "(N, k_blocks, blob_size)")
+        want = (n, k_blocks, block * bits // 8)
+        if list(b_shape) != list(want):
+            raise Reject(f"B must be {want} (an empty or prepacked B is not decomposed), got "
+                         f"{list(b_shape)}")
+        require_type(ctx, node.tensor("scales"), "scales", (elem_type,))
+        packed = False
+        if node.tensor("zero_points"):
+            zero_type = require_type(ctx, node.tensor("zero_points"), "zero_points",
+                                     (U8, elem_type))
+            packed = zero_type == U8
+        if node.tensor("g_idx"):
+            raise Reject("g_idx (deprecated in the schema) is not decomposed: ONNX Runtime "
+                         "1.32's kernel given a g_idx, even k // block_size, does not compute "
+                         "the documented formula (measured), so no exact form is pinned")
+        if node.tensor("bias"):
+            require_type(ctx, node.tensor("bias"), "bias", (elem_type,))
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject("bfloat16 needs opset 13")
+        return Facts(elem_type, k_blocks, packed)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        args = node.args
+        bits, block, k, n = (int(args[name]) for name in ("bits", "block_size", "K", "N"))
+        f32 = np.dtype(np.float32)
+        original = numpy_dtype(facts.elem_type)
+        narrow = facts.elem_type != TensorProto.FLOAT
+        packed = b.Reshape(node.tensor("B"), np.array([n, -1], np.int64), hint="packed_rows")
+        q = _unpack(b, packed, bits, hint="q")  # (N, k_blocks * block_size)
+        if facts.k_blocks * block != k:
+            q = b.Slice(q, [0], [k], [1], hint="q_k")
+        scales = b.input(node.tensor("scales"), original)
+        scales = b.Reshape(scales, np.array([n, facts.k_blocks], np.int64), hint="scales_2d")
+        if narrow:
+            scales = b.Cast(scales, f32, hint="scales_f32")
+        zero: Value | np.ndarray
+        if node.tensor("zero_points"):
+            zero = b.input(node.tensor("zero_points"))
+            if facts.packed_zero_points:
+                zero = _unpack(b, b.Reshape(zero, np.array([n, -1], np.int64),
+                                            hint="zero_rows"), bits, hint="zero")
+                zero = b.Slice(zero, [0], [facts.k_blocks], [1], hint="zero_blocks")
+            else:
+                zero = b.Reshape(zero, np.array([n, facts.k_blocks], np.int64),
+                                 hint="zero_2d")
+            zero = b.Cast(zero, f32, hint="zero_f32")
+        else:
+            zero = np.array(2 ** (bits - 1), np.float32)
+        blocks = np.arange(k, dtype=np.int64) // block
+        scale_k = b.Gather(scales, blocks, axis=1, hint="scale_per_k")  # (N, K)
+        if isinstance(zero, Value):
+            zero = b.Gather(zero, blocks, axis=1, hint="zero_per_k")
+        weight = b.Mul(b.Sub(b.Cast(q, f32, hint="q_f32"), zero, hint="centered"), scale_k,
+                       hint="weight")  # (N, K)
+        weight_t = b.Transpose2D(weight, n, k, hint="weight_t")  # (K, N)
+        a = b.input(node.tensor("A"), original)
+        if narrow:
+            a = b.Cast(a, f32, hint="a_f32")
+        bias = node.tensor("bias")
+        last = not narrow and not bias
+        y = b.MatMul(a, weight_t, hint="product", out=node.outputs[0] if last else None)
+        if bias:
+            bias_value = b.input(bias, original)
+            if narrow:
+                bias_value = b.Cast(bias_value, f32, hint="bias_f32")
+            y = b.Add(y, bias_value, hint="biased", out=None if narrow else node.outputs[0])
+        if narrow:
+            b.Cast(y, original, out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        a = ctx.shape(node.tensor("A"))
+        dims = None if a is None else [*a[:-1], int(node.args["N"])]
+        return [(facts.elem_type, dims)]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        a, packed, scales = tensors["A"], tensors["B"], tensors["scales"]
+        assert a is not None and packed is not None and scales is not None
+        weight = dequantize_reference(packed, scales, tensors.get("zero_points"),
+                                      tensors.get("g_idx"), int(args["K"]), int(args["N"]),
+                                      int(args["bits"]), int(args["block_size"]))
+        y = a.astype(np.float64) @ weight.T.astype(np.float64)
+        bias = tensors.get("bias")
+        if bias is not None:
+            y = y + bias.astype(np.float64)
+        return [y.astype(a.dtype)]
+
+
+def _unpack(b: Builder, packed: Any, bits: int, hint: str) -> Value:
+    """(rows, bytes) uint8 -> (rows, bytes * 8 / bits) int32 values, low bits first."""
+    wide = b.Cast(packed, np.int32, hint=f"{hint}_bytes")
+    if bits == 8:
+        return wide
+    per_byte = 8 // bits
+    mask = np.array(2 ** bits, np.int32)
+    slots = []
+    for slot in range(per_byte):
+        shifted = wide if slot == 0 else b.Div(wide, np.array(2 ** (bits * slot), np.int32),
+                                               hint=f"{hint}_shift{slot}")
+        value = shifted if slot == per_byte - 1 else b.Mod(shifted, mask,
+                                                           hint=f"{hint}_slot{slot}")
+        slots.append(b.Unsqueeze(value, [2], hint=f"{hint}_slot{slot}_axis"))
+    interleaved = b.Concat(*slots, axis=2, hint=f"{hint}_interleaved")  # (rows, bytes, per)
+    return b.Reshape(interleaved, b.Concat(b.Shape(packed, 0, 1, hint=f"{hint}_rows"),
+                                           np.array([-1], np.int64), axis=0,
+                                           hint=f"{hint}_shape"), hint=hint)
+
+
+def dequantize_reference(packed: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                         g_idx: np.ndarray | None, k: int, n: int, bits: int, block: int
+                         ) -> np.ndarray:
+    """W (N, K) float32 from MatMulNBits' inputs, by the schema's definition."""
+
+    def unpack(raw: np.ndarray) -> np.ndarray:
+        rows = raw.reshape(n, -1).astype(np.int64)
+        per = 8 // bits
+        values = [(rows >> (bits * i)) & (2 ** bits - 1) for i in range(per)]
+        return np.stack(values, -1).reshape(n, -1)
+
+    k_blocks = -(-k // block)
+    q = unpack(packed)[:, :k].astype(np.float32)
+    scale = scales.astype(np.float32).reshape(n, k_blocks)
+    if zero_points is None:
+        zero = np.full((n, k_blocks), 2 ** (bits - 1), np.float32)
+    elif zero_points.dtype == np.uint8:
+        zero = unpack(zero_points)[:, :k_blocks].astype(np.float32)
+    else:
+        zero = zero_points.astype(np.float32).reshape(n, k_blocks)
+    blocks = g_idx.astype(np.int64) if g_idx is not None else np.arange(k) // block
+    return ((q - zero[:, blocks]) * scale[:, blocks]).astype(np.float32)
+
+
+PATTERNS = [MatMulNBits()]
