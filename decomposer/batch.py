@@ -29,6 +29,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import glob
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -146,6 +147,16 @@ def _init_worker(pattern_sources: Sequence[str], override: bool) -> None:
     _WORKER["registry"] = registry
 
 
+def _init_pool_worker(pattern_sources: Sequence[str], override: bool) -> None:
+    """A pool worker ignores Ctrl-C: the parent owns the interruption, lets each worker
+    finish the model it is writing (writes are atomic) and cancels the rest, so no worker
+    dies between creating a temp file and renaming it."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_worker(pattern_sources, override)
+
+
 def _status(exc: BaseException) -> str:
     from decomposer.errors import CheckFailedError, PatternBugError, VerificationError
 
@@ -240,7 +251,7 @@ def _run_all(tasks: list[tuple[Callable[..., ModelResult], tuple[Any, ...]]], jo
 
     def pool(workers: int) -> ProcessPoolExecutor:
         return ProcessPoolExecutor(max_workers=workers, mp_context=context,
-                                   initializer=_init_worker, initargs=init_args)
+                                   initializer=_init_pool_worker, initargs=init_args)
 
     def record(index: int, result: ModelResult) -> None:
         results[index] = result
@@ -310,8 +321,20 @@ def decompose_many(inputs: Iterable[str | os.PathLike[str]],
     tasks = [(_decompose_one, (str(src), str(dst), options))
              for (src, _), dst in zip(models, destinations, strict=True)]
     workers = jobs or os.cpu_count() or 1
-    results = _run_all(tasks, workers, (tuple(pattern_sources), override), progress)
+    try:
+        results = _run_all(tasks, workers, (tuple(pattern_sources), override), progress)
+    except BaseException:
+        _remove_temp_files(destinations)  # Ctrl-C in the single-process path, mid-write
+        raise
     return BatchReport(results, time.perf_counter() - started, workers)
+
+
+def _remove_temp_files(destinations: Sequence[Path]) -> None:
+    """Remove the temp files ``save_model`` makes next to each destination (``.<name>.*``
+    ending in ``.tmp``) that an interruption left behind."""
+    for destination in destinations:
+        for leftover in destination.parent.glob(f".{glob.escape(destination.name)}.*.tmp"):
+            leftover.unlink(missing_ok=True)
 
 
 def check_many(inputs: Iterable[str | os.PathLike[str]], *, engines: Sequence[str] = (),

@@ -177,6 +177,53 @@ def test_ctrl_c_leaves_no_partial_files(tmp_path):
         onnx.checker.check_model(onnx.load(model))  # every file there is complete
 
 
+def _stderr_of_batch_run(tmp_path: Path, tty: bool, *flags: str) -> str:
+    """Run ``decomposer DIR -o OUT`` with stderr on a pseudo-terminal (tty) or a pipe."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    source = tmp_path / "models"
+    source.mkdir(exist_ok=True)
+    for i in range(3):
+        shutil.copy(STN, source / f"m{i}.onnx")
+    out = tmp_path / ("out-tty" if tty else "out-pipe") / "-".join(flags or ("plain",))
+    command = [sys.executable, "-m", "decomposer", str(source), "-o", str(out), "-j", "1",
+               *flags]
+    if not tty:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+    primary, secondary = pty.openpty()
+    # A new pseudo-terminal is 0 columns wide, and tqdm draws nothing in 0 columns.
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=secondary,
+                                   cwd=ROOT)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(primary, 4096)
+            except OSError:  # the terminal closed: the process is gone
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        assert process.wait(timeout=120) == 0
+    finally:
+        os.close(primary)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_progress_bar_on_a_terminal_only(tmp_path):
+    on_terminal = _stderr_of_batch_run(tmp_path, True)
+    assert "decomposing" in on_terminal and "/3 [" in on_terminal  # tqdm's bar, 3 models
+    assert _stderr_of_batch_run(tmp_path, True, "-q") == ""  # -q: silent on a terminal too
+    assert "decomposing" not in _stderr_of_batch_run(tmp_path, False)  # piped: no bar
+
+
 def _native_stn() -> onnx.ModelProto:
     """The seed STN at opset 20 with ONNX's own AffineGrid (size fed at run time) instead
     of the article's custom node: Conv -> AffineGrid-20 -> GridSample."""
