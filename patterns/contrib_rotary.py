@@ -112,7 +112,7 @@ class RotaryEmbedding(Pattern[Facts]):
             return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
 
         x = read("input")
-        half, rotary, head = facts.rotary // 2, facts.rotary, facts.head
+        rotary, head = facts.rotary, facts.head
         if facts.rank == 3:  # (B, S, H) -> (B, S, N, h)
             heads_shape = b.Concat(b.Shape(x, 0, 2, hint="batch_sequence"),
                                    np.array([-1, head], np.int64), axis=0, hint="heads_shape")
@@ -132,33 +132,7 @@ class RotaryEmbedding(Pattern[Facts]):
                           hint="cos_heads")
         sin = b.Unsqueeze(b.Gather(read("sin_cache"), ids, axis=0, hint="sin"), [heads_axis],
                           hint="sin_heads")
-        rotated = view if rotary == head else b.Slice(view, [0], [rotary], [-1],
-                                                       hint="rotated_part")
-        if node.args["interleaved"]:
-            pairs = b.Reshape(rotated, b.Concat(b.Shape(rotated, 0, 3, hint="lead"),
-                                                np.array([half, 2], np.int64), axis=0,
-                                                hint="pairs_shape"), hint="pairs")
-            first, second = b.Split(pairs, [1, 1], axis=-1, hint="pair")
-            cos_p = b.Unsqueeze(cos, [-1], hint="cos_pairs")
-            sin_p = b.Unsqueeze(sin, [-1], hint="sin_pairs")
-            out_first = b.Sub(b.Mul(first, cos_p, hint="a_cos"), b.Mul(second, sin_p,
-                                                                       hint="b_sin"),
-                              hint="rot_first")
-            out_second = b.Add(b.Mul(second, cos_p, hint="b_cos"), b.Mul(first, sin_p,
-                                                                         hint="a_sin"),
-                               hint="rot_second")
-            result = b.Reshape(b.Concat(out_first, out_second, axis=-1, hint="rot_pairs"),
-                               b.Shape(rotated, hint="rotated_shape"), hint="rot")
-        else:
-            first, second = b.Split(rotated, [half, half], axis=-1, hint="halves")
-            result = b.Concat(
-                b.Sub(b.Mul(first, cos, hint="a_cos"), b.Mul(second, sin, hint="b_sin"),
-                      hint="rot_first"),
-                b.Add(b.Mul(second, cos, hint="b_cos"), b.Mul(first, sin, hint="a_sin"),
-                      hint="rot_second"), axis=-1, hint="rot")
-        if rotary < head:
-            result = b.Concat(result, b.Slice(view, [rotary], [head], [-1], hint="passed"),
-                              axis=-1, hint="rot_and_passed")
+        result = rotate(b, view, cos, sin, rotary, head, bool(node.args["interleaved"]))
         out = node.outputs[0]
         if facts.rank == 3:
             result = b.Reshape(result, b.Shape(x, hint="input_shape"), hint="merged",
@@ -192,17 +166,54 @@ class RotaryEmbedding(Pattern[Facts]):
             ids = (ids[0] + np.arange(sequence))[None]
         c = cos.astype(np.float64)[ids][:, None]
         s = sin.astype(np.float64)[ids][:, None]
-        part = view[..., :rotary]
-        if args["interleaved"]:
-            a, bb = part[..., 0::2], part[..., 1::2]
-            rotated = np.stack([a * c - bb * s, bb * c + a * s], -1).reshape(part.shape)
-        else:
-            a, bb = part[..., :rotary // 2], part[..., rotary // 2:]
-            rotated = np.concatenate([a * c - bb * s, bb * c + a * s], -1)
-        y = np.concatenate([rotated, view[..., rotary:]], -1)
+        y = rotate_numpy(view, c, s, rotary, bool(args["interleaved"]))
         if x.ndim == 3:
             y = y.transpose(0, 2, 1, 3).reshape(x.shape)
         return [y.astype(x.dtype)]
+
+
+def rotate(b: Builder, view: Value, cos: Value, sin: Value, rotary: int, head: int,
+           interleaved: bool) -> Value:
+    """RoPE on the last axis of ``view`` (..., head): the first ``rotary`` dims turned by
+    ``cos``/``sin`` (broadcastable to (..., rotary / 2)), the rest passed through. Not
+    interleaved: halves ``x1, x2`` -> ``x1 cos - x2 sin, x2 cos + x1 sin``; interleaved: the
+    same on pairs (x[2i], x[2i+1]). Shared by RotaryEmbedding and GroupQueryAttention."""
+    half = rotary // 2
+    rotated = view if rotary == head else b.Slice(view, [0], [rotary], [-1],
+                                                  hint="rotated_part")
+    if interleaved:
+        rank_before = b.Shape(rotated, 0, -1, hint="lead")
+        pairs = b.Reshape(rotated, b.Concat(rank_before, np.array([half, 2], np.int64), axis=0,
+                                            hint="pairs_shape"), hint="pairs")
+        first, second = b.Split(pairs, [1, 1], axis=-1, hint="pair")
+        cos = b.Unsqueeze(cos, [-1], hint="cos_pairs")
+        sin = b.Unsqueeze(sin, [-1], hint="sin_pairs")
+    else:
+        first, second = b.Split(rotated, [half, half], axis=-1, hint="halves")
+    out_first = b.Sub(b.Mul(first, cos, hint="a_cos"), b.Mul(second, sin, hint="b_sin"),
+                      hint="rot_first")
+    out_second = b.Add(b.Mul(second, cos, hint="b_cos"), b.Mul(first, sin, hint="a_sin"),
+                       hint="rot_second")
+    result = b.Concat(out_first, out_second, axis=-1, hint="rot_pairs" if interleaved else "rot")
+    if interleaved:
+        result = b.Reshape(result, b.Shape(rotated, hint="rotated_shape"), hint="rot")
+    if rotary < head:
+        result = b.Concat(result, b.Slice(view, [rotary], [head], [-1], hint="passed"),
+                          axis=-1, hint="rot_and_passed")
+    return result
+
+
+def rotate_numpy(view: np.ndarray, c: np.ndarray, s: np.ndarray, rotary: int,
+                 interleaved: bool) -> np.ndarray:
+    """numpy twin of :func:`rotate`; ``c``/``s`` broadcastable to (..., rotary / 2)."""
+    part = view[..., :rotary]
+    if interleaved:
+        a, bb = part[..., 0::2], part[..., 1::2]
+        turned = np.stack([a * c - bb * s, bb * c + a * s], -1).reshape(part.shape)
+    else:
+        a, bb = part[..., :rotary // 2], part[..., rotary // 2:]
+        turned = np.concatenate([a * c - bb * s, bb * c + a * s], -1)
+    return np.concatenate([turned, view[..., rotary:]], -1)
 
 
 PATTERNS = [RotaryEmbedding()]

@@ -1,0 +1,512 @@
+"""ONNX Runtime's com.microsoft GroupQueryAttention (the decoder attention the onnxruntime-genai
+model builder writes for Llama-, Mistral-, Phi- and Qwen-like models: grouped KV heads, a KV
+cache, rotary embedding inside) as standard ops.
+
+Matches ``GroupQueryAttention(query[, key][, value][, past_key][, past_value], seqlens_k,
+total_sequence_length[, cos_cache][, sin_cache][, position_ids][, attention_bias]
+[, head_sink]; num_heads, kv_num_heads, scale, softcap, local_window_size, do_rotary,
+rotary_interleaved, smooth_softmax, causal)`` -> ``output[, present_key][, present_value]``
+with the inputs and attributes of the schema ONNX Runtime 1.32 registers and the numbers of its
+CPU kernel (group_query_attention.cc, gqa_attention_base.h and group_query_attention_helper.h
+in microsoft/onnxruntime; every rule below was pinned by running the kernel). With N =
+num_heads, Nk = kv_num_heads, h the head size and, per batch row b, T_b = seqlens_k[b] + 1
+(the tokens in the cache after this step):
+- ``query`` (B, S, N h) with ``key``/``value`` (B, S, Nk h), or packed (B, S, (N + 2 Nk) h)
+  laid out [Q | K | V]; query head n reads KV head ``n // (N / Nk)``;
+- the step is a **first prompt** when S equals ``total_sequence_length``: nothing was cached
+  before it (P_b = 0, ``past_key`` ignored); otherwise P_b = T_b - S tokens were;
+- ``do_rotary``: Q and the new K (not V, not the past) are turned by RoPE with
+  ``cos_cache``/``sin_cache`` (positions, r / 2), the first r dims of each head, at position
+  P_b + s, or ``position_ids[b, s]`` when given (in a first prompt only ``position_ids[0, 0]
+  + s``, as the kernel reads it); the rotation is :func:`contrib_rotary.rotate`;
+- ``present_key``/``present_value`` (B, Nk, C, h) with C = max(total_sequence_length, past
+  length): rows [0, P_b) from the past, rows [P_b, P_b + S) the new K/V (after rotary;
+  right padding rows of a prompt included), every other row **zero**;
+- query s sits at P_b + s and sees keys [e - W, e) with e = min(P_b + s + 1, T_b) (``causal``
+  1) or e = T_b (``causal`` 0), W = ``local_window_size`` (-1: from key 0);
+- ``scores = scale * q k^T`` (default ``1 / sqrt(h)``), then ``softcap * tanh(scores /
+  softcap)`` when softcap > 0, then ``attention_bias`` (B or 1, N or 1, S, total length) is
+  added, the keys outside the window are dropped, and a softmax with one extra logit
+  ``head_sink[n]`` (or 0 with ``smooth_softmax`` 1) when either is given;
+- ``output`` (B, S, N h): the softmax times V, heads merged.
+
+Refused, with the reason: ``qk_output`` and the ``output_qk`` output (a fourth output: "1 to 3
+outputs"), a quantized cache
+(``k_scale``/``v_scale``, quant types other than NONE), ``q_norm_weight``/``k_norm_weight``
+(the CPU kernel refuses them too), ``query_seqlens``, ``sliding_window_cache``,
+``local_window_size`` 0 (every row empty) and a window with ``causal`` 0 (the schema forbids
+it). Rows of a right-padded prompt past T_b are unspecified by the schema; these give what
+the kernel's default (flash) path gives.
+
+Before -> after::
+
+    GroupQueryAttention(qkv, past_k, past_v, seqlens_k, total, cos, sin)
+      ->  Split -> Q, K, V;  RoPE(Q), RoPE(K) at positions P_b + s
+          present = GatherElements(Concat(past, K_new, zero row), row index per (b, j))
+          Softmax(Where(window, MatMul(Q grouped by KV head, present^T) * scale, -inf))
+          -> MatMul(., present_v) -> heads merged
+
+float16 and bfloat16 are computed in float32 and rounded once (the kernel accumulates in
+float32). Envelope: opsets 11+ (bfloat16 13+); query of rank 3 with a static last dim; the
+cos/sin caches' last dim static; batch, sequence, cache and total lengths dynamic.
+``--target ort`` keeps the node.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import I32, Example, F
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._sampling import positions
+from .contrib_rotary import rotate, rotate_numpy
+
+MS = frozenset({"com.microsoft"})
+_TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT)
+_REFUSED_INPUTS = (("k_scale", "a quantized KV cache"), ("v_scale", "a quantized KV cache"),
+                   ("q_norm_weight", "per-head Q/K RMS normalization"),
+                   ("k_norm_weight", "per-head Q/K RMS normalization"),
+                   ("query_seqlens", "right-padded query chunks"))
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    heads: int
+    kv_heads: int
+    head: int
+    packed: bool
+    rotary: int  # rotated dims; 0 without do_rotary
+    scale: float
+    bias_heads: int  # attention_bias's heads dim: num_heads or 1 (0: no bias)
+
+
+class GroupQueryAttention(Pattern[Facts]):
+    op_type = "GroupQueryAttention"
+    forms = (Form("GroupQueryAttention", domains=MS, inputs=(
+        In("query"), In("key", optional=True), In("value", optional=True),
+        In("past_key", optional=True), In("past_value", optional=True), In("seqlens_k"),
+        In("total_sequence_length"), In("cos_cache", optional=True),
+        In("sin_cache", optional=True), In("position_ids", optional=True),
+        In("attention_bias", optional=True), In("head_sink", optional=True),
+        In("k_scale", optional=True), In("v_scale", optional=True),
+        In("q_norm_weight", optional=True), In("k_norm_weight", optional=True),
+        In("query_seqlens", optional=True)), attributes={
+        "num_heads": Attr("int"), "kv_num_heads": Attr("int"),
+        "scale": Attr("float", default=None), "softcap": Attr("float", default=0.0),
+        "local_window_size": Attr("int", default=-1),
+        "do_rotary": Attr("int", default=0, choices=(0, 1)),
+        "rotary_interleaved": Attr("int", default=0, choices=(0, 1)),
+        "smooth_softmax": Attr("int", default=-1),
+        "causal": Attr("int", default=1, choices=(0, 1)),
+        "qk_output": Attr("int", default=0, choices=(0,)),
+        "sliding_window_cache": Attr("int", default=0, choices=(0,)),
+        "k_quant_type": Attr("string", default="NONE", choices=("NONE",)),
+        "v_quant_type": Attr("string", default="NONE", choices=("NONE",)),
+        "kv_cache_bit_width": Attr("int", default=None),
+        "qk_norm_epsilon": Attr("float", default=None),
+        "q_norm_epsilon": Attr("float", default=None),
+        "k_norm_epsilon": Attr("float", default=None)}, outputs=(1, 3)),)
+    examples = (
+        Example((("qkv", F, ("B", "S", 32)), ("past_key", F, ("B", 1, "P", 8)),
+                 ("past_value", F, ("B", 1, "P", 8)), ("seqlens_k", I32, ("B",)),
+                 ("total", I32, ())), outputs=((TensorProto.FLOAT, 3),
+                                               (TensorProto.FLOAT, 4),
+                                               (TensorProto.FLOAT, 4)),
+                args=("qkv", "", "", "past_key", "past_value", "seqlens_k", "total"),
+                attrs={"num_heads": 2, "kv_num_heads": 1}, domains=(("com.microsoft", 17),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        args = node.args
+        heads, kv_heads = int(args["num_heads"]), int(args["kv_num_heads"])
+        if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+            raise Reject(f"num_heads {heads} must be a positive multiple of kv_num_heads "
+                         f"{kv_heads}")
+        for name, why in _REFUSED_INPUTS:
+            if node.tensor(name):
+                raise Reject(f"{name} ({why}) is not supported")
+        window = int(args["local_window_size"])
+        if window == 0 or window < -1:
+            raise Reject(f"local_window_size {window} leaves no key to attend to; use -1 or "
+                         f"a positive window")
+        if window > 0 and not args["causal"]:
+            raise Reject("local_window_size needs causal 1 (the schema's rule)")
+        elem_type = require_type(ctx, node.tensor("query"), "query", _TYPES)
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject("bfloat16 needs opset 13 or newer")
+        for name in ("key", "value", "past_key", "past_value", "cos_cache", "sin_cache",
+                     "attention_bias", "head_sink"):
+            if node.tensor(name):
+                require_type(ctx, node.tensor(name), name, (elem_type,))
+        for name in ("seqlens_k", "total_sequence_length"):
+            require_type(ctx, node.tensor(name), name, (TensorProto.INT32,))
+        if node.tensor("position_ids"):
+            require_type(ctx, node.tensor("position_ids"), "position_ids",
+                         (TensorProto.INT64,))
+        query = require_shape(ctx, node.tensor("query"), "query", "(B, S, D)", 3, 3)
+        packed = not node.tensor("key")
+        if packed != (not node.tensor("value")):
+            raise Reject("key and value must be given together")
+        if bool(node.tensor("past_key")) != bool(node.tensor("past_value")):
+            raise Reject("past_key and past_value must be given together")
+        width = query[2]
+        parts = heads + 2 * kv_heads if packed else heads
+        if not isinstance(width, int) or width <= 0 or width % parts:
+            raise Reject(f"the query's last dim {width} must be static and a multiple of "
+                         f"{'num_heads + 2 kv_num_heads' if packed else 'num_heads'} "
+                         f"({parts})")
+        head = width // parts
+        if not packed:
+            for name in ("key", "value"):
+                dims = require_shape(ctx, node.tensor(name), name, "(B, S, Nk h)", 3, 3)
+                if dims[2] != kv_heads * head:
+                    raise Reject(f"{name}'s last dim must be kv_num_heads * head size "
+                                 f"({kv_heads * head}), got {dims[2]}")
+        if node.tensor("past_key"):
+            for name in ("past_key", "past_value"):
+                dims = require_shape(ctx, node.tensor(name), name, "(B, Nk, L, h)", 4, 4)
+                if any(isinstance(got, int) and got != want
+                       for got, want in ((dims[1], kv_heads), (dims[3], head))):
+                    raise Reject(f"{name} must be (B, {kv_heads}, L, {head}), got "
+                                 f"{list(dims)}")
+        rotary = 0
+        if args["do_rotary"]:
+            if not node.tensor("cos_cache") or not node.tensor("sin_cache"):
+                raise Reject("do_rotary needs cos_cache and sin_cache")
+            cache = require_shape(ctx, node.tensor("cos_cache"), "cos_cache",
+                                  "(positions, rotary dim / 2)", 2, 2)
+            if not isinstance(cache[1], int) or not 0 < 2 * cache[1] <= head:
+                raise Reject(f"the caches' last dim must be static and at most half the head "
+                             f"size {head}, got {cache[1]}")
+            rotary = 2 * cache[1]
+        if node.tensor("position_ids"):
+            require_shape(ctx, node.tensor("position_ids"), "position_ids", "(B, S)", 2, 2)
+        bias_heads = 0
+        if node.tensor("attention_bias"):
+            dims = require_shape(ctx, node.tensor("attention_bias"), "attention_bias",
+                                 "(B or 1, N or 1, S, total)", 4, 4)
+            if dims[1] not in (1, heads):
+                raise Reject(f"attention_bias's heads dim must be static, 1 or {heads}; got "
+                             f"{dims[1]}")
+            bias_heads = int(dims[1])
+        if node.tensor("head_sink"):
+            require_shape(ctx, node.tensor("head_sink"), "head_sink", "(num_heads,)", 1, 1)
+        scale = args["scale"]
+        scale = float(scale) if scale else 1.0 / math.sqrt(head)
+        return Facts(elem_type, heads, kv_heads, head, packed, rotary, scale, bias_heads)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        narrow = facts.elem_type != TensorProto.FLOAT
+        original = numpy_dtype(facts.elem_type)
+        dtype = np.dtype(np.float32)
+        heads, kv_heads, head = facts.heads, facts.kv_heads, facts.head
+        i64 = np.dtype(np.int64)
+
+        def read(name: str) -> Value | None:
+            if not node.tensor(name):
+                return None
+            value = b.input(node.tensor(name), original)
+            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+
+        query = read("query")
+        assert query is not None
+        if facts.packed:
+            q, k, v = b.Split(query, [heads * head, kv_heads * head, kv_heads * head],
+                              axis=-1, hint="qkv_parts")
+        else:
+            k_in, v_in = read("key"), read("value")
+            assert k_in is not None and v_in is not None
+            q, k, v = query, k_in, v_in
+        rows = b.Shape(query, 0, 2, hint="batch_sequence")  # [B, S]
+
+        def split_heads(value: Value, count: int, label: str) -> Value:  # (B, S, n, h)
+            target = b.Concat(rows, np.array([count, head], np.int64), axis=0,
+                              hint=f"{label}_heads_shape")
+            return b.Reshape(value, target, hint=f"{label}_heads")
+
+        q, k, v = split_heads(q, heads, "q"), split_heads(k, kv_heads, "k"), \
+            split_heads(v, kv_heads, "v")
+
+        # Lengths, as (1,) or (B,) int64: S, the total, T_b, the first-prompt flag, P_b.
+        # Sizes meeting arithmetic are gathered from the shape (TVM folds a static Shape
+        # slice into a shape value that its Equal/Max converters refuse).
+        query_shape = b.Shape(query, hint="query_shape")
+        sequence = b.Gather(query_shape, [1], hint="sequence")
+        total = b.Reshape(b.Cast(b.input(node.tensor("total_sequence_length"), np.int32),
+                                 i64, hint="total_i64"), [1], hint="total")
+        lengths = b.Add(b.Cast(b.input(node.tensor("seqlens_k"), np.int32), i64,
+                               hint="seqlens_i64"), np.asarray(1, i64), hint="lengths")  # T_b
+        first_prompt = b.Equal(sequence, total, hint="first_prompt")
+        cached = b.Where(first_prompt, np.zeros(1, i64),
+                         b.Sub(lengths, sequence, hint="cached_if_not_prompt"),
+                         hint="cached")  # P_b, (B,)
+        cached_col = b.Unsqueeze(cached, [1], hint="cached_col")  # (B, 1)
+        steps = positions(b, b.Shape(query, 1, 2, hint="sequence_dim"), 0, i64,
+                          hint="steps")  # (S,)
+        steps_row = b.Unsqueeze(steps, [0], hint="steps_row")  # (1, S)
+
+        if facts.rotary:
+            ids = b.input(node.tensor("position_ids"), np.int64) \
+                if node.tensor("position_ids") else None
+            if ids is None:
+                where = b.Add(cached_col, steps_row, hint="rotary_positions")  # (B, S)
+            else:
+                start = b.Slice(ids, [0, 0], [1, 1], [0, 1], hint="first_position")
+                where = b.Where(first_prompt, b.Add(start, steps_row, hint="prompt_positions"),
+                                ids, hint="rotary_positions")
+            cos_cache, sin_cache = read("cos_cache"), read("sin_cache")
+            assert cos_cache is not None and sin_cache is not None
+            cos = b.Unsqueeze(b.Gather(cos_cache, where, axis=0, hint="cos"), [2],
+                              hint="cos_heads")  # (B, S, 1, r/2)
+            sin = b.Unsqueeze(b.Gather(sin_cache, where, axis=0, hint="sin"), [2],
+                              hint="sin_heads")
+            interleaved = bool(node.args["rotary_interleaved"])
+            # Reshaped to their own shapes: TVM loses the shape through the gathered cos/sin.
+            q = b.Reshape(rotate(b, q, cos, sin, facts.rotary, head, interleaved),
+                          b.Shape(q, hint="q_shape"), hint="q_rotated")
+            k = b.Reshape(rotate(b, k, cos, sin, facts.rotary, head, interleaved),
+                          b.Shape(k, hint="k_shape"), hint="k_rotated")
+
+        # The caches: rows [0, P_b) from the past, [P_b, P_b + S) new, the rest zero. The
+        # rows are gathered from the past and new rows stacked in (B, R, Nk, h) layout, R =
+        # L + S, flattened over the batch (a Gather of whole rows: TVM cannot Expand an
+        # index to a run-time shape, as GatherElements would need). The present is R rows
+        # long, then cut to C = max(total, L), which is L + S or L (ONNX Runtime refuses
+        # any other total with a past): attention runs on the R rows, a shape TVM can
+        # derive, and rows at or after T_b are never visible.
+        past_k, past_v = read("past_key"), read("past_value")
+        if past_k is not None and past_v is not None:
+            past_length = b.Gather(b.Shape(past_k, hint="past_shape"), [2], hint="past_length")
+            # Stacked in the caches' layout, then transposed: TVM 0.27 fails to compile a
+            # Concat of a transposed empty past (a first prompt's).
+            stacked_k = b.Transpose(b.Concat(past_k, b.Transpose(k, [0, 2, 1, 3],
+                                                                 hint="k_bnsh"),
+                                             axis=2, hint="k_rows_bnsh"), [0, 2, 1, 3],
+                                    hint="k_rows")
+            stacked_v = b.Transpose(b.Concat(past_v, b.Transpose(v, [0, 2, 1, 3],
+                                                                 hint="v_bnsh"),
+                                             axis=2, hint="v_rows_bnsh"), [0, 2, 1, 3],
+                                    hint="v_rows")
+            stacked_rows = b.Add(past_length, sequence, hint="stacked_rows")  # R
+        else:
+            past_length, stacked_k, stacked_v, stacked_rows = None, k, v, sequence
+        row = b.Unsqueeze(positions(b, b.Shape(stacked_k, 1, 2, hint="rows_dim"), 0, i64,
+                                    hint="cache_rows"), [0], hint="cache_row")  # (1, R)
+        source = b.Sub(row, cached_col, hint="new_row")  # j - P_b, (B, R)
+        if past_length is not None:
+            source = b.Where(b.Less(row, cached_col, hint="is_past"), row,
+                             b.Add(source, past_length, hint="new_source"),
+                             hint="source_row")  # rows past the new ones: zeroed below
+        in_range = b.Less(source, stacked_rows, hint="source_in_range")
+        source = b.Where(in_range, source, np.zeros(1, i64), hint="source_clamped")
+        batch_start = b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
+                                                  0, i64, hint="batch_index"), [1],
+                                        hint="batch_col"), stacked_rows, hint="batch_start")
+        flat_source = b.Add(source, batch_start, hint="flat_source")  # (B, R)
+        kept = b.Unsqueeze(b.Less(row, b.Add(cached_col, sequence, hint="filled_end"),
+                                  hint="filled_row"), [2, 3], hint="filled_row_4d")
+        outputs = list(node.outputs) + ["", ""]
+        zero = np.asarray(0.0, dtype)
+        flat_rows = np.array([-1, kv_heads, head], np.int64)
+        capacity = None if past_length is None else \
+            b.Max(total, past_length, hint="capacity")  # C
+
+        def cache(stacked: Value, label: str, out: str) -> Value:
+            rows_of = b.Gather(b.Reshape(stacked, flat_rows, hint=f"{label}_flat"),
+                               flat_source, axis=0, hint=f"{label}_gathered")  # (B, R, Nk, h)
+            # Where, not a product: exact whatever the unused rows hold.
+            filled = b.Where(kept, rows_of, zero, hint=f"{label}_filled")
+            full = b.Transpose(filled, [0, 2, 1, 3], hint=f"{label}_cache")  # (B, Nk, R, h)
+            if out:
+                present = full if capacity is None else \
+                    b.Slice(full, [0], capacity, [2], hint=f"present_{label}_cut")
+                if narrow:
+                    b.Cast(present, original, out=out)
+                else:
+                    b.Identity(present, out=out)
+            return full
+
+        present_k = cache(stacked_k, "k", outputs[1])
+        present_v = cache(stacked_v, "v", outputs[2])
+
+        # Each KV head against its group of G query heads, in rank 5 so that no shape
+        # holds the run-time cache length C: Q (B, Nk, G, S, h) x K (B, Nk, 1, h, C).
+        group = heads // kv_heads
+        q_heads = b.Transpose(q, [0, 2, 1, 3], hint="q_bnsh")  # (B, N, S, h)
+        grouped = b.Reshape(q_heads, b.Concat(
+            b.Shape(query, 0, 1, hint="batch_dim"), np.array([kv_heads, group], np.int64),
+            b.Shape(query, 1, 2, hint="sequence_dim"), np.array([head], np.int64), axis=0,
+            hint="grouped_shape"), hint="q_grouped")
+        keys_t = b.Unsqueeze(b.Transpose(present_k, [0, 1, 3, 2], hint="k_t"), [2],
+                             hint="k_t_5d")  # (B, Nk, 1, h, C)
+        scores = b.Mul(b.MatMul(grouped, keys_t, hint="qk"), np.asarray(facts.scale, dtype),
+                       hint="scores")  # (B, Nk, G, S, C)
+        softcap = float(node.args["softcap"])
+        if softcap > 0:
+            scores = b.Mul(b.Tanh(b.Div(scores, np.asarray(softcap, dtype),
+                                        hint="capped_in"), hint="capped"),
+                           np.asarray(softcap, dtype), hint="softcapped")
+        bias = read("attention_bias")
+        if bias is not None:  # (B|1, N|1, S, total) -> (B|1, Nk|1, G|1, S, C); the
+            # columns from the total to R are never visible
+            bias_heads = [kv_heads, group] if facts.bias_heads == heads else [1, 1]
+            bias = b.Reshape(bias, b.Concat(b.Shape(bias, 0, 1, hint="bias_batch"),
+                                            np.array(bias_heads, np.int64),
+                                            b.Shape(bias, 2, 4, hint="bias_rows"), axis=0,
+                                            hint="bias_5d_shape"), hint="bias_5d")
+            width = b.Sub(stacked_rows, b.Gather(b.Shape(bias, hint="bias_shape"), [4],
+                                             hint="bias_width"), hint="bias_gap")
+            pads = b.Concat(np.zeros(9, np.int64), width, axis=0, hint="bias_pads")
+            scores = b.Add(scores, b.Pad(bias, pads, hint="bias_to_capacity"),
+                           hint="biased_scores")
+        # Visible keys [e - W, e), e = min(P_b + s + 1, T_b) (causal) or T_b.
+        length_col = b.Unsqueeze(lengths, [1, 2], hint="length_b11")  # (B, 1, 1)
+        if node.args["causal"]:
+            reach = b.Add(b.Unsqueeze(b.Add(cached_col, steps_row, hint="query_position"),
+                                      [2], hint="query_position_col"),
+                          np.asarray(1, i64), hint="reach")  # (B, S, 1)
+            end = b.Min(reach, length_col, hint="window_end")
+        else:
+            end = length_col
+        key = b.Unsqueeze(row, [0], hint="key_b")  # (1, 1, C)
+        visible = b.Less(key, end, hint="before_end")  # (B, S, C)
+        window = int(node.args["local_window_size"])
+        if window > 0:
+            start = b.Sub(end, np.asarray(window, i64), hint="window_start")
+            visible = b.And(visible, b.Not(b.Less(key, start, hint="before_start"),
+                                           hint="after_start"), hint="in_window")
+        visible = b.Unsqueeze(visible, [1, 2], hint="visible_5d")  # (B, 1, 1, S, C)
+        scores = b.Where(visible, scores, np.asarray(-np.inf, dtype), hint="masked_scores")
+        sink = read("head_sink")
+        if sink is not None or int(node.args["smooth_softmax"]) == 1:
+            # A softmax with one more logit (head_sink[n], or 0): exp(x - M) / (sum + exp(
+            # extra - M)), M the larger of the row's max and the extra logit.
+            top = b.ReduceMax(scores, [-1], keepdims=True, hint="row_max")  # finite: >= 1 key
+            if sink is None:
+                extra: Value | np.ndarray = np.zeros((1, 1, 1, 1, 1), dtype)
+            else:
+                extra = b.Reshape(sink, np.array([1, kv_heads, group, 1, 1], np.int64),
+                                  hint="sink_5d")
+            shift = b.Max(top, extra, hint="shift")
+            weights = b.Exp(b.Sub(scores, shift, hint="shifted"), hint="weights")
+            denominator = b.Add(b.ReduceSum(weights, [-1], keepdims=True, hint="weight_sum"),
+                                b.Exp(b.Sub(extra, shift, hint="extra_shifted"),
+                                      hint="extra_weight"), hint="denominator")
+            probs = b.Div(weights, denominator, hint="probs")
+        else:
+            probs = b.Softmax(scores, -1, hint="probs")
+        values = b.Unsqueeze(present_v, [2], hint="v_5d")  # (B, Nk, 1, C, h)
+        context = b.MatMul(probs, values, hint="context")  # (B, Nk, G, S, h)
+        context = b.Transpose(context, [0, 3, 1, 2, 4], hint="context_bsnh")  # (B, S, Nk, G, h)
+        merged = b.Concat(rows, np.array([heads * head], np.int64), axis=0,
+                          hint="output_shape")
+        y = b.Reshape(context, merged, hint="output", out=None if narrow else outputs[0])
+        if narrow:
+            b.Cast(y, original, out=outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        shape = ctx.shape(node.tensor("query"))
+        batch, sequence = (shape[0], shape[1]) if shape else (None, None)
+        types: list[OutputType] = [(facts.elem_type, [batch, sequence,
+                                                      facts.heads * facts.head])]
+        for _ in node.outputs[1:]:
+            types.append((facts.elem_type, [batch, facts.kv_heads, None, facts.head]))
+        return types
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        query = tensors["query"]
+        assert query is not None
+        heads, kv_heads = int(args["num_heads"]), int(args["kv_num_heads"])
+        wide = query.astype(np.float64)
+        batch, sequence, width = query.shape
+        if tensors.get("key") is None:
+            head = width // (heads + 2 * kv_heads)
+            q, k, v = np.split(wide, [heads * head, (heads + kv_heads) * head], -1)
+        else:
+            head = width // heads
+            q = wide
+            k, v = (tensors[n].astype(np.float64) for n in ("key", "value"))  # type: ignore[union-attr]
+        q = q.reshape(batch, sequence, heads, head)
+        k = k.reshape(batch, sequence, kv_heads, head)
+        v = v.reshape(batch, sequence, kv_heads, head)
+        total = int(np.asarray(tensors["total_sequence_length"]).reshape(-1)[0])
+        lengths = tensors["seqlens_k"].astype(np.int64) + 1  # type: ignore[union-attr]
+        past_k, past_v = tensors.get("past_key"), tensors.get("past_value")
+        past = 0 if past_k is None else past_k.shape[2]
+        capacity = max(total, past)
+        prompt = sequence == total
+        cached = np.zeros(batch, np.int64) if prompt else lengths - sequence
+        if args["do_rotary"]:
+            cos, sin = (tensors[n].astype(np.float64) for n in ("cos_cache", "sin_cache"))  # type: ignore[union-attr]
+            ids = tensors.get("position_ids")
+            steps = np.arange(sequence)
+            if ids is None:
+                where = cached[:, None] + steps[None]
+            elif prompt:
+                where = np.broadcast_to(ids[0, 0] + steps[None], (batch, sequence))
+            else:
+                where = ids
+            c, s = cos[where][:, :, None], sin[where][:, :, None]
+            rotary = 2 * cos.shape[1]
+            interleaved = bool(args["rotary_interleaved"])
+            q = rotate_numpy(q, c, s, rotary, interleaved)
+            k = rotate_numpy(k, c, s, rotary, interleaved)
+        present_k = np.zeros((batch, kv_heads, capacity, head))
+        present_v = np.zeros((batch, kv_heads, capacity, head))
+        for row in range(batch):
+            p = int(cached[row])
+            if p and past_k is not None and past_v is not None:
+                present_k[row, :, :p] = past_k[row, :, :p]
+                present_v[row, :, :p] = past_v[row, :, :p]
+            present_k[row, :, p:p + sequence] = k[row].transpose(1, 0, 2)
+            present_v[row, :, p:p + sequence] = v[row].transpose(1, 0, 2)
+        scale = float(args["scale"]) if args["scale"] else 1.0 / math.sqrt(head)
+        group = heads // kv_heads
+        keys = np.repeat(present_k, group, axis=1)  # (B, N, C, h)
+        values = np.repeat(present_v, group, axis=1)
+        scores = q.transpose(0, 2, 1, 3) @ keys.transpose(0, 1, 3, 2) * scale
+        softcap = float(args["softcap"])
+        if softcap > 0:
+            scores = softcap * np.tanh(scores / softcap)
+        bias = tensors.get("attention_bias")
+        if bias is not None:
+            padded = np.zeros(bias.shape[:3] + (capacity,))
+            padded[..., :bias.shape[3]] = bias
+            scores = scores + padded
+        position = cached[:, None] + np.arange(sequence)[None]  # (B, S)
+        end = np.minimum(position + 1, lengths[:, None]) if args["causal"] \
+            else np.broadcast_to(lengths[:, None], position.shape)
+        key = np.arange(capacity)
+        visible = key[None, None] < end[..., None]
+        window = int(args["local_window_size"])
+        if window > 0:
+            visible &= key[None, None] >= (end - window)[..., None]
+        scores = np.where(visible[:, None], scores, -np.inf)
+        sink = tensors.get("head_sink")
+        extra = None
+        if sink is not None:
+            extra = np.broadcast_to(sink.astype(np.float64)[None, :, None, None],
+                                    scores.shape[:3] + (1,))
+        elif int(args["smooth_softmax"]) == 1:
+            extra = np.zeros(scores.shape[:3] + (1,))
+        if extra is not None:
+            scores = np.concatenate([scores, extra], -1)
+        top = scores.max(-1, keepdims=True)
+        probs = np.exp(scores - top)
+        probs = (probs / probs.sum(-1, keepdims=True))[..., :capacity]
+        out = (probs @ values).transpose(0, 2, 1, 3).reshape(batch, sequence, heads * head)
+        dtype = query.dtype
+        return [out.astype(dtype), present_k.astype(dtype), present_v.astype(dtype)]
+
+
+PATTERNS = [GroupQueryAttention()]
