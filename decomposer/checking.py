@@ -212,6 +212,40 @@ def check_input(model: onnx.ModelProto, classifier: OpClassifier, full: bool) ->
                                 f"check (check=False; CLI: --no-check) to rewrite it anyway")
 
 
+# The node a type or shape clash is reported at, in onnx.checker's message.
+CLASH = re.compile(r"node name: ([^)]+)\): \[(?:Type|Shape)InferenceError\] "
+                   r"Inferred (?:elem type|shape) (?:differs|and existing)")
+
+
+def stale_value_info(model: onnx.ModelProto, classifier: OpClassifier) -> list[str]:
+    """The main graph's ``value_info`` entries that contradict what their (standard)
+    producers compute, when forgetting exactly those makes the full check pass; else [].
+
+    Such an annotation is a stale note about an intermediate tensor, not part of the
+    model's interface (the onnxruntime-genai model builder 0.18 declares a 1-D Constant's
+    output as a scalar, for one): the engine drops it and says so, rather than refuse an
+    otherwise valid model."""
+    relaxed = checkable(model, classifier)
+    declared = {value.name for value in relaxed.graph.value_info}
+    writers = {o: node.name for node in relaxed.graph.node for o in node.output if o}
+    forgotten: list[str] = []
+    for _ in range(len(declared) + 1):  # each pass forgets at least one entry
+        try:
+            onnx.checker.check_model(relaxed, full_check=True)
+            return sorted(forgotten)
+        except Exception as exc:
+            clash = set(CLASH.findall(first_line(exc)))
+        names = {name for name, writer in writers.items()
+                 if writer in clash and name in declared and name not in forgotten}
+        if not names:
+            return []
+        kept = [value for value in relaxed.graph.value_info if value.name not in names]
+        del relaxed.graph.value_info[:]
+        relaxed.graph.value_info.extend(kept)
+        forgotten.extend(names)
+    return []
+
+
 def check_output(out: onnx.ModelProto, classifier: OpClassifier,
                  rewritten_outputs: set[str] | None = None) -> None:
     """Run the full check on the result. If it fails only because of the types the input
@@ -235,8 +269,7 @@ def check_output(out: onnx.ModelProto, classifier: OpClassifier,
         # The checker names the node whose inferred type clashes with the declared
         # ("existing") one; if that node writes a rewritten output, the declaration is the
         # input's (e.g. If branches that then disagree, so no relaxation can pass).
-        clash = re.findall(r"node name: ([^)]+)\): \[(?:Type|Shape)InferenceError\] "
-                           r"Inferred (?:elem type|shape) (?:differs|and existing)", failure)
+        clash = CLASH.findall(failure)
         writers = {o: n.name for n in model_nodes(out) for o in n.output}
         blamed = sorted({o for o in rewritten_outputs if writers.get(o) in set(clash)})
         if blamed:

@@ -34,9 +34,12 @@ import onnx
 from decomposer import memo
 from decomposer.builder import MIN_OPSET, TARGETS, Builder, ConstantPool, NameAllocator
 from decomposer.checking import (
+    CLASH,
     check_input,
     check_output,
+    checker_failure,
     replacement_failure,
+    stale_value_info,
     validate_structure,
 )
 from decomposer.cleanup import (
@@ -46,7 +49,12 @@ from decomposer.cleanup import (
     used_domains,
 )
 from decomposer.context import NodeContext, Scope, TypeTables, function_label
-from decomposer.errors import InvalidModelError, PatternBugError, UnsupportedNodeError
+from decomposer.errors import (
+    CheckFailedError,
+    InvalidModelError,
+    PatternBugError,
+    UnsupportedNodeError,
+)
 from decomposer.graphs import (
     OpClassifier,
     all_graphs,
@@ -291,7 +299,11 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             check_input(model, schema_classifier, full=False)
         return out, report
     if check:
-        check_input(model, schema_classifier, full=True)
+        try:
+            check_input(model, schema_classifier, full=True)
+        except InvalidModelError:
+            if not _drop_stale_value_info(out, schema_classifier, report, set()):
+                raise
 
     rewriter = _Rewriter(out, registry, report, classifier, target)
     main = _Namespace(list(all_nodes(model.graph)))
@@ -325,8 +337,49 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
                         report,
                         keep=function_domains(out))
     if check:
-        check_output(out, schema_classifier, rewriter.rewritten_outputs)
+        try:
+            check_output(out, schema_classifier, rewriter.rewritten_outputs)
+        except CheckFailedError:
+            # The input's own stale value_info, hidden from its check behind a custom node
+            # (onnx.checker skips inference past a domain it does not know).
+            if not _drop_stale_value_info(out, schema_classifier, report,
+                                          rewriter.rewritten_outputs):
+                _blame_the_input(model, out, rewriter.rewritten_outputs)
+                raise
+            check_output(out, schema_classifier, rewriter.rewritten_outputs)
     return out, report
+
+
+def _blame_the_input(model: onnx.ModelProto, out: onnx.ModelProto,
+                     rewritten: set[str]) -> None:
+    """Raise InvalidModelError if the output's check fails at a node the input already had
+    (same name, none of its outputs rewritten): the input's declared types contradict it,
+    which its own check could not see past a custom node."""
+    failure = checker_failure(out, OpClassifier(set()), full=True)
+    if not failure:
+        return
+    clash = set(CLASH.findall(failure))
+    original = {node.name for node in model.graph.node if node.name}
+    ours = {node.name for node in out.graph.node if node.name in original
+            and not any(o in rewritten for o in node.output)}
+    if clash and clash <= ours:
+        raise InvalidModelError(
+            f"the input model is invalid (onnx.checker, once its custom nodes were "
+            f"rewritten): {failure}; fix the declared type or shape in the export")
+
+
+def _drop_stale_value_info(model: onnx.ModelProto, classifier: OpClassifier, report: Report,
+                           rewritten: set[str]) -> bool:
+    """Drop the main graph's value_info entries that contradict their (not rewritten)
+    producers, if that is what makes ``model`` fail the check; record them in ``report``."""
+    stale = [name for name in stale_value_info(model, classifier) if name not in rewritten]
+    if not stale:
+        return False
+    kept = [value for value in model.graph.value_info if value.name not in stale]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+    report.dropped_value_info = sorted({*report.dropped_value_info, *stale})
+    return True
 
 
 def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:

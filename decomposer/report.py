@@ -46,6 +46,9 @@ class Report:
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
     dropped_opset_imports: list[str] = field(default_factory=list)
+    # value_info entries that contradicted their standard producers (see
+    # checking.stale_value_info): dropped so that the model passes the checker
+    dropped_value_info: list[str] = field(default_factory=list)
     removed_constants: int = 0
     input_path: str | None = None
     output_path: str | None = None
@@ -62,7 +65,8 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return bool(self.replaced or self.removed_constants or self.dropped_opset_imports)
+        return bool(self.replaced or self.removed_constants or self.dropped_opset_imports
+                    or self.dropped_value_info)
 
     def summary(self) -> str:
         """The CLI's one-line summary, e.g.
@@ -78,6 +82,9 @@ class Report:
         head += f" (opset {self.opset})"
         if self.unsupported:
             head += f"; {len(self.unsupported)} unsupported node(s) kept"
+        if self.dropped_value_info:
+            head += (f"; dropped value_info contradicting its producer: "
+                     f"{', '.join(self.dropped_value_info)}")
         return head
 
     def to_dict(self) -> dict[str, Any]:
@@ -92,6 +99,7 @@ class Report:
             "replaced": [asdict(n) for n in self.replaced],
             "unsupported": [asdict(n) for n in self.unsupported],
             "dropped_opset_imports": list(self.dropped_opset_imports),
+            "dropped_value_info": list(self.dropped_value_info),
             "removed_constants": self.removed_constants,
         }
         if self.verification is not None:

@@ -238,3 +238,42 @@ def test_declared_type_contradicted_inside_an_if_branch_is_bad_input():
         extra_opsets=["custom.ops"])
     with pytest.raises(decomposer.InvalidModelError, match="declares a type for 'g'"):
         decomposer.decompose(model)
+
+
+def _stale_value_info_model(declare_output_wrong=False):
+    """A contrib op, then ``y + Cast(c)`` where Constant ``c`` is 1-D but value_info says
+    scalar (what the onnxruntime-genai builder 0.18 writes for its ``INT64/[1]`` constant)."""
+    nodes = [helper.make_node("FastGelu", ["x"], ["y"], name="gelu", domain="com.microsoft"),
+             helper.make_node("Constant", [], ["c"], name="const",
+                              value=helper.make_tensor("c", TensorProto.INT64, [1], [1])),
+             helper.make_node("Cast", ["c"], ["cf"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Add", ["y", "cf"], ["z"], name="add")]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                       [helper.make_tensor_value_info("z", TensorProto.FLOAT,
+                                                      [5] if declare_output_wrong else [2, 3])],
+                       17, extra_opsets=["com.microsoft"])
+    model.graph.value_info.extend([helper.make_tensor_value_info("c", TensorProto.INT64, []),
+                                   helper.make_tensor_value_info("cf", TensorProto.FLOAT, [1])])
+    return model
+
+
+def test_stale_value_info_is_dropped_and_reported(tmp_path, capsys):
+    model = _stale_value_info_model()
+    standard = onnx.ModelProto()
+    standard.CopyFrom(model)
+    standard.graph.node[0].op_type, standard.graph.node[0].domain = "Relu", ""
+    with pytest.raises(onnx.shape_inference.InferenceError, match="existing shape differ"):
+        onnx.checker.check_model(standard, full_check=True)  # the input really is invalid
+    out, report = decomposer.decompose_with_report(model)
+    assert report.dropped_value_info == ["c"]
+    assert [v.name for v in out.graph.value_info if v.name in ("c", "cf")] == ["cf"]
+    onnx.checker.check_model(out, full_check=True)
+    x = np.linspace(-2, 2, 6, dtype=np.float32).reshape(2, 3)
+    (got,), (want,) = run_onnxruntime(out, {"x": x}), run_onnxruntime(model, {"x": x})
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    onnx.save(model, tmp_path / "in.onnx")
+    assert main([str(tmp_path / "in.onnx"), str(tmp_path / "out.onnx")]) == 0
+    assert "dropped value_info contradicting its producer: c" in capsys.readouterr().out
+    # A wrong declaration of a graph output is the model's interface: still refused.
+    with pytest.raises(decomposer.InvalidModelError):
+        decomposer.decompose(_stale_value_info_model(declare_output_wrong=True))
