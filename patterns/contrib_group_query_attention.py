@@ -240,8 +240,10 @@ class GroupQueryAttention(Pattern[Facts]):
         # slice into a shape value that its Equal/Max converters refuse).
         query_shape = b.Shape(query, hint="query_shape")
         sequence = b.Gather(query_shape, [1], hint="sequence")
-        total = b.Reshape(b.Cast(b.input(node.tensor("total_sequence_length"), np.int32),
-                                 i64, hint="total_i64"), [1], hint="total")
+        # (1,) by broadcasting, not Reshape: TVM folds a static total into a scalar value
+        # that its Reshape (and Max) refuse, but adds it to a tensor.
+        total = b.Add(b.Cast(b.input(node.tensor("total_sequence_length"), np.int32), i64,
+                             hint="total_i64"), np.zeros(1, i64), hint="total")
         lengths = b.Add(b.Cast(b.input(node.tensor("seqlens_k"), np.int32), i64,
                                hint="seqlens_i64"), np.asarray(1, i64), hint="lengths")  # T_b
         first_prompt = b.Equal(sequence, total, hint="first_prompt")
@@ -316,8 +318,14 @@ class GroupQueryAttention(Pattern[Facts]):
         outputs = list(node.outputs) + ["", ""]
         zero = np.asarray(0.0, dtype)
         flat_rows = np.array([-1, kv_heads, head], np.int64)
-        capacity = None if past_length is None else \
-            b.Max(total, past_length, hint="capacity")  # C
+        # C = L + max(total - L, 0): TVM's Max and Where converters take no static total.
+        capacity = None
+        if past_length is not None:
+            beyond = b.Sub(total, past_length, hint="total_beyond_past")
+            capacity = b.Add(past_length, b.Where(b.Less(beyond, np.zeros(1, i64),
+                                                         hint="total_within_past"),
+                                                  np.zeros(1, i64), beyond, hint="growth"),
+                             hint="capacity")
 
         def cache(stacked: Value, label: str, out: str) -> Value:
             rows_of = b.Gather(b.Reshape(stacked, flat_rows, hint=f"{label}_flat"),
