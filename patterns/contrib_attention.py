@@ -13,9 +13,11 @@ numbers of its CPU kernel (each mask form below was pinned by running it):
 - ``scores = Q K^T * scale`` (default ``1 / sqrt(head size)``), then **added**:
   ``mask_filter_value`` where the mask says no, the same where ``unidirectional`` forbids a
   later key (key j of query i beyond P + i), and ``attention_bias`` (B or 1, N, S, T);
-- ``mask_index``: 1-D (B,) key lengths (keys at or after the length are masked), 2-D
-  (B, T) or 3-D (B, S, T) raw masks (0: masked). The 1-D (2B,) form with start positions
-  and the 4-D Megatron form are refused (not pinned yet), as are ``do_rotary``,
+- ``mask_index``: 1-D (B,) key lengths (keys at or after the length are masked), 1-D (2B,)
+  end then start positions (keys before the start are masked too: left padding), 2-D
+  (B, T) or 3-D (B, S, T) raw masks (0: masked). The 4-D Megatron form is refused (ONNX
+  Runtime's CPU kernel does not implement it: "4D mask in attention cpu kernel is not
+  supported", so its numbers cannot be pinned), as are ``do_rotary``,
   ``past_present_share_buffer`` and ``past_sequence_length``;
 - ``output = softmax(scores) V``, heads merged back: (B, S, N * v head size).
 
@@ -29,8 +31,8 @@ and rounded once. Before -> after::
 
 Envelope: opsets 11+ (bfloat16 13+); input (B, S, H) of known rank, the weights' last dim
 (or ``qkv_hidden_sizes``) static and divisible by num_heads; B, S and the past length
-dynamic; a 1-D mask must be told from the (2B,) form, so its length must be the input's
-batch dim (the same static value or symbol). ``--target ort`` keeps the node.
+dynamic; a 1-D mask of (B,) or (2B,) is told apart at run time. ``--target ort`` keeps the
+node.
 """
 
 from __future__ import annotations
@@ -128,21 +130,32 @@ class Attention(Pattern[Facts]):
                      self._mask_form(node, ctx, shape))
 
     @staticmethod
-    def _mask_form(node: MatchedNode, ctx: MatchContext, shape: Any) -> str | None:
+    def _mask_form(node: MatchedNode, ctx: MatchContext, shape: Any,
+                   start_positions: bool = True) -> str | None:
+        """The mask_index form: "lengths" (1-D: (B,) end positions, or with
+        ``start_positions`` also (2B,) end then start positions, told apart at run time),
+        "raw2" or "raw3"."""
         mask = node.tensor("mask_index")
         if not mask:
             return None
         require_type(ctx, mask, "mask_index", (TensorProto.INT32,))
         dims = require_shape(ctx, mask, "mask_index", "its form (1-D lengths, 2-D, 3-D)")
         if len(dims) == 1:
-            if dims[0] is None or dims[0] != shape[0]:
-                raise Reject(f"a 1-D mask_index of length {dims[0]} cannot be told from the "
-                             f"(2 * batch,) form with start positions (not supported): its "
-                             f"length must be the input's batch dim {shape[0]}")
+            batch = shape[0]
+            allowed = (batch, 2 * batch) if start_positions and isinstance(batch, int) \
+                else (batch,)
+            if start_positions and not (isinstance(dims[0], int) and isinstance(batch, int)):
+                return "lengths"  # B or 2B: decided at run time
+            if dims[0] is None or dims[0] not in allowed:
+                forms = "the batch dim or twice it" if start_positions else "the batch dim"
+                raise Reject(f"a 1-D mask_index of length {dims[0]} must have {forms} "
+                             f"({batch}) as its length")
             return "lengths"
         if len(dims) in (2, 3):
             return f"raw{len(dims)}"
-        raise Reject(f"a {len(dims)}-D mask_index (Megatron's 4-D form) is not supported")
+        raise Reject(f"a {len(dims)}-D mask_index (Megatron's 4-D form) is not supported: "
+                     f"ONNX Runtime's CPU kernel does not implement it, so its numbers cannot "
+                     f"be pinned here")
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         narrow = facts.elem_type in _NARROW
@@ -211,10 +224,23 @@ class Attention(Pattern[Facts]):
                                   np.dtype(np.int32), hint="key_index")  # (T,)
         mask = node.tensor("mask_index")
         if facts.mask == "lengths":
+            # (B,) end positions, or (2B,) end then start positions: the starts are
+            # mask[B:2B] of the mask padded with B zeros, zeros for the (B,) form.
             assert key_index is not None
-            lengths = b.Unsqueeze(b.input(mask, np.int32), [1], hint="lengths")  # (B, 1)
-            keep = b.Less(b.Unsqueeze(key_index, [0], hint="key_row"), lengths,
-                          hint="key_kept")  # (B, T)
+            positions_1d = b.input(mask, np.int32)
+            batch = b.Gather(b.Shape(x, hint="mask_batch_shape"), [0], hint="mask_batch")
+            ends = b.Slice(positions_1d, [0], batch, [0], hint="mask_ends")
+            padded = b.Concat(positions_1d, b.Sub(ends, ends, hint="no_starts"), axis=0,
+                              hint="mask_padded")
+            starts = b.Slice(padded, batch, b.Mul(batch, np.asarray(2, np.int64),
+                                                  hint="mask_two_batch"), [0],
+                             hint="mask_starts")
+            key_row = b.Unsqueeze(key_index, [0], hint="key_row")  # (1, T)
+            keep = b.And(b.Less(key_row, b.Unsqueeze(ends, [1], hint="lengths"),
+                                hint="before_end"),
+                         b.Not(b.Less(key_row, b.Unsqueeze(starts, [1], hint="start_col"),
+                                      hint="before_start"), hint="after_start"),
+                         hint="key_kept")  # (B, T)
             terms.append(b.Unsqueeze(b.Where(keep, zero, filtered, hint="length_mask"),
                                      [1, 2], hint="length_mask_4d"))
         elif facts.mask in ("raw2", "raw3"):
@@ -275,8 +301,10 @@ class Attention(Pattern[Facts]):
         filtered = float(args["mask_filter_value"])
         mask = tensors.get("mask_index")
         if mask is not None and mask.ndim == 1:
-            scores = scores + np.where(np.arange(total)[None] < mask[:, None], 0.0,
-                                       filtered)[:, None, None, :]
+            starts = mask[batch:2 * batch] if mask.shape[0] == 2 * batch else 0 * mask
+            keys = np.arange(total)[None]
+            keep = (keys < mask[:batch, None]) & (keys >= starts[:, None])
+            scores = scores + np.where(keep, 0.0, filtered)[:, None, None, :]
         elif mask is not None:
             term = (1.0 - mask.astype(wide)) * filtered
             scores = scores + (term[:, None, None, :] if mask.ndim == 2 else term[:, None])

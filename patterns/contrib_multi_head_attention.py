@@ -105,7 +105,7 @@ class MultiHeadAttention(Pattern[Facts]):
             raise Reject(f"query and key hidden sizes differ ({sizes[0]}, {sizes[1]})")
         scale = args["scale"]
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(sizes[0] // heads)
-        mask = Attention._mask_form(node, ctx, query)
+        mask = Attention._mask_form(node, ctx, query, start_positions=False)
         return Facts(elem_type, heads, (sizes[0], sizes[1], sizes[2]), scale, mask)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:

@@ -1,6 +1,7 @@
 """ONNX Runtime's com.microsoft Attention, decomposed: against ONNX Runtime's own kernel
 for the node and against a torch float64 oracle (the formula the module docstring states),
-every mask form it supports, unidirectional, past/present, attention_bias,
+every mask form it supports ((B,) lengths, (2B,) end and start positions, 2-D, 3-D; the 4-D
+form is refused), unidirectional, past/present, attention_bias,
 qkv_hidden_sizes, scale, float16; dynamic batch and sequence; rejections."""
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ def _arrays(rng, batch, seq, dtype, mask=None, past=0, bias=False, sizes=None):
     total = seq + past
     if mask == "lengths":
         arrays["m"] = rng.integers(1, total + 1, batch).astype(np.int32)
+    elif mask == "ends and starts":  # (2B,): left and right padding
+        starts = rng.integers(0, total // 2, batch)
+        ends = rng.integers(total // 2 + 1, total + 1, batch)
+        arrays["m"] = np.concatenate([ends, starts]).astype(np.int32)
     elif mask == "raw2":
         arrays["m"] = (rng.random((batch, total)) < 0.7).astype(np.int32)
         arrays["m"][:, 0] = 1
@@ -59,7 +64,9 @@ def _model(arrays, attrs, outputs=1):
         if not n:
             continue
         dims = list(arrays[n].shape)
-        if n == "m":
+        if n == "m" and arrays[n].ndim == 1:
+            dims = ["B" if arrays[n].shape[0] == arrays["x"].shape[0] else "B2"]
+        elif n == "m":
             dims = ["B", *(["S"] if arrays[n].ndim == 3 else []), *(["T"] if arrays[n].ndim > 1
                                                                       else [])]
         elif n in symbolic:
@@ -92,7 +99,10 @@ def _torch_reference(arrays, attrs):
     filtered = attrs.get("mask_filter_value", -10000.0)
     mask = arrays["m"]
     if mask is not None and mask.ndim == 1:
-        keep = torch.arange(total)[None] < torch.from_numpy(mask).long()[:, None]
+        positions = torch.from_numpy(mask).long()
+        starts = positions[batch:] if len(positions) == 2 * batch else torch.zeros(batch)
+        keep = (torch.arange(total)[None] < positions[:batch, None]) & \
+            (torch.arange(total)[None] >= starts[:, None])
         scores = scores + torch.where(keep, 0.0, filtered)[:, None, None, :]
     elif mask is not None:
         term = (1 - _t(mask)) * filtered
@@ -110,6 +120,8 @@ def _torch_reference(arrays, attrs):
 CASES = {
     "plain": ({}, {}),
     "lengths": ({"mask": "lengths"}, {}),
+    "ends and starts (2B)": ({"mask": "ends and starts"}, {}),
+    "ends and starts (2B) + past": ({"mask": "ends and starts", "past": 2}, {}),
     "raw2": ({"mask": "raw2"}, {}),
     "raw3": ({"mask": "raw3"}, {}),
     "unidirectional": ({}, {"unidirectional": 1}),
@@ -149,11 +161,19 @@ def test_attention_matches_the_kernel_and_torch(case, dtype):
 def test_rejections_name_the_node_and_the_reason():
     rng = np.random.default_rng(0)
     arrays = _arrays(rng, 2, 4, np.float32)
-    arrays["m"] = np.array([4, 4, 0, 0], np.int32)  # the (2B,) form with start positions
+    arrays["m"] = np.array([4, 4, 0], np.int32)  # neither (B,) nor (2B,)
     model = _model(arrays, {})
-    model.graph.input[3].type.tensor_type.shape.dim[0].dim_value = 4
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 2
+    model.graph.input[3].type.tensor_type.shape.dim[0].dim_value = 3
     with pytest.raises(decomposer.UnsupportedNodeError,
-                       match="node 'attention'.*cannot be told from the"):
+                       match="node 'attention'.*batch dim or twice it"):
+        decomposer.decompose(model)
+    arrays = _arrays(rng, 2, 4, np.float32)
+    arrays["m"] = np.ones((2, 1, 4, 4), np.int32)  # Megatron's 4-D form
+    model = _model(arrays, {})
+    model.graph.input[3].CopyFrom(helper.make_tensor_value_info(
+        "m", onnx.TensorProto.INT32, ["B", 1, "S", "S"]))
+    with pytest.raises(decomposer.UnsupportedNodeError, match="4-D form"):
         decomposer.decompose(model)
     arrays = _arrays(rng, 2, 4, np.float32)
     with pytest.raises(decomposer.UnsupportedNodeError, match="attribute 'do_rotary'"):
