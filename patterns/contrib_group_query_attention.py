@@ -277,70 +277,74 @@ class GroupQueryAttention(Pattern[Facts]):
             k = b.Reshape(rotate(b, k, cos, sin, facts.rotary, head, interleaved),
                           b.Shape(k, hint="k_shape"), hint="k_rotated")
 
-        # The caches: rows [0, P_b) from the past, [P_b, P_b + S) new, the rest zero. The
-        # rows are gathered from the past and new rows stacked in (B, R, Nk, h) layout, R =
-        # L + S, flattened over the batch (a Gather of whole rows: TVM cannot Expand an
-        # index to a run-time shape, as GatherElements would need). The present is R rows
-        # long, then cut to C = max(total, L), which is L + S or L (ONNX Runtime refuses
-        # any other total with a past): attention runs on the R rows, a shape TVM can
-        # derive, and rows at or after T_b are never visible.
+        # The caches: rows [0, P_b) from the past, [P_b, P_b + S) new, the rest zero, C =
+        # max(total, L) rows (L + S or L: ONNX Runtime refuses any other total with a
+        # past). One Gather of whole rows from [past | new | one zero row] stacked along
+        # the rows and flattened over (B, Nk, rows), for the R = L + S rows TVM can size
+        # from shapes; rows at or after T_b are never visible.
+        new_k = b.Transpose(k, [0, 2, 1, 3], hint="k_bnsh")  # (B, Nk, S, h)
+        new_v = b.Transpose(v, [0, 2, 1, 3], hint="v_bnsh")
+        zero_row = b.ConstantOfShape(b.Concat(b.Shape(new_k, 0, 2, hint="batch_heads"),
+                                              np.array([1, head], np.int64), axis=0,
+                                              hint="zero_row_shape"), 0.0, dtype,
+                                     hint="zero_row")  # (B, Nk, 1, h)
         past_k, past_v = read("past_key"), read("past_value")
+        parts_k, parts_v = [new_k, zero_row], [new_v, zero_row]
+        past_length: Value | None = None
+        capacity: Value | None = None
         if past_k is not None and past_v is not None:
             past_length = b.Gather(b.Shape(past_k, hint="past_shape"), [2], hint="past_length")
-            # Stacked in the caches' layout, then transposed: TVM 0.27 fails to compile a
-            # Concat of a transposed empty past (a first prompt's).
-            stacked_k = b.Transpose(b.Concat(past_k, b.Transpose(k, [0, 2, 1, 3],
-                                                                 hint="k_bnsh"),
-                                             axis=2, hint="k_rows_bnsh"), [0, 2, 1, 3],
-                                    hint="k_rows")
-            stacked_v = b.Transpose(b.Concat(past_v, b.Transpose(v, [0, 2, 1, 3],
-                                                                 hint="v_bnsh"),
-                                             axis=2, hint="v_rows_bnsh"), [0, 2, 1, 3],
-                                    hint="v_rows")
-            stacked_rows = b.Add(past_length, sequence, hint="stacked_rows")  # R
-        else:
-            past_length, stacked_k, stacked_v, stacked_rows = None, k, v, sequence
-        row = b.Unsqueeze(positions(b, b.Shape(stacked_k, 1, 2, hint="rows_dim"), 0, i64,
-                                    hint="cache_rows"), [0], hint="cache_row")  # (1, R)
-        source = b.Sub(row, cached_col, hint="new_row")  # j - P_b, (B, R)
+            parts_k.insert(0, past_k)
+            parts_v.insert(0, past_v)
+        stacked_k = b.Concat(*parts_k, axis=2, hint="k_rows")  # (B, Nk, R + 1, h)
+        stacked_v = b.Concat(*parts_v, axis=2, hint="v_rows")
+        stacked_rows = sequence if past_length is None else \
+            b.Add(past_length, sequence, hint="stacked_rows")  # R
+        row = b.Unsqueeze(positions(b, b.Shape(stacked_k, 2, 3, hint="rows_dim"), 0, i64,
+                                    hint="cache_rows"), [0], hint="cache_row")  # (1, R + 1)
+        row = b.Slice(row, [0], [-1], [1], hint="cache_row_r")  # (1, R)
+        offset = b.Sub(row, cached_col, hint="new_row")  # j - P_b, (B, R)
+        source = b.Where(b.Less(offset, sequence, hint="is_new_or_past"),
+                         offset if past_length is None else
+                         b.Add(offset, past_length, hint="new_source"),
+                         stacked_rows, hint="new_or_zero")  # the zero row past the new ones
         if past_length is not None:
-            source = b.Where(b.Less(row, cached_col, hint="is_past"), row,
-                             b.Add(source, past_length, hint="new_source"),
-                             hint="source_row")  # rows past the new ones: zeroed below
-        in_range = b.Less(source, stacked_rows, hint="source_in_range")
-        source = b.Where(in_range, source, np.zeros(1, i64), hint="source_clamped")
-        batch_start = b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
-                                                  0, i64, hint="batch_index"), [1],
-                                        hint="batch_col"), stacked_rows, hint="batch_start")
-        flat_source = b.Add(source, batch_start, hint="flat_source")  # (B, R)
-        kept = b.Unsqueeze(b.Less(row, b.Add(cached_col, sequence, hint="filled_end"),
-                                  hint="filled_row"), [2, 3], hint="filled_row_4d")
-        outputs = list(node.outputs) + ["", ""]
-        zero = np.asarray(0.0, dtype)
-        flat_rows = np.array([-1, kv_heads, head], np.int64)
-        # C = L + max(total - L, 0): TVM's Max and Where converters take no static total.
-        capacity = None
-        if past_length is not None:
+            source = b.Where(b.Less(row, cached_col, hint="is_past"), row, source,
+                             hint="source_row")
+            # C = L + max(total - L, 0): TVM's Max and Where converters take no static total.
             beyond = b.Sub(total, past_length, hint="total_beyond_past")
             capacity = b.Add(past_length, b.Where(b.Less(beyond, np.zeros(1, i64),
                                                          hint="total_within_past"),
                                                   np.zeros(1, i64), beyond, hint="growth"),
                              hint="capacity")
+        # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, C).
+        pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
+                                                  0, i64, hint="batch_index"), [1, 2],
+                                        hint="batch_b11"), np.asarray(kv_heads, i64),
+                            hint="batch_first_head"),
+                      np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
+                      hint="batch_head")  # (B, Nk, 1)
+        flat_source = b.Add(b.Mul(pairs, b.Add(stacked_rows, np.asarray(1, i64),
+                                               hint="stacked_rows_and_zero"),
+                                  hint="pair_start"),
+                            b.Unsqueeze(source, [1], hint="source_b1r"),
+                            hint="flat_source")  # (B, Nk, R)
+        outputs = list(node.outputs) + ["", ""]
+        flat_rows = np.array([-1, head], np.int64)
 
         def cache(stacked: Value, label: str, out: str) -> Value:
-            rows_of = b.Gather(b.Reshape(stacked, flat_rows, hint=f"{label}_flat"),
-                               flat_source, axis=0, hint=f"{label}_gathered")  # (B, R, Nk, h)
-            # Where, not a product: exact whatever the unused rows hold.
-            filled = b.Where(kept, rows_of, zero, hint=f"{label}_filled")
-            full = b.Transpose(filled, [0, 2, 1, 3], hint=f"{label}_cache")  # (B, Nk, R, h)
+            """The R cache rows attention runs on (TVM compiles no arithmetic on a run-time
+            size such as C); the present output is their first C."""
+            rows = b.Gather(b.Reshape(stacked, flat_rows, hint=f"{label}_flat"), flat_source,
+                            axis=0, hint=f"{label}_cache",
+                            out=None if narrow or capacity is not None else out or None)
             if out:
-                present = full if capacity is None else \
-                    b.Slice(full, [0], capacity, [2], hint=f"present_{label}_cut")
+                present = rows if capacity is None else \
+                    b.Slice(rows, [0], capacity, [2], hint=f"present_{label}",
+                            out=None if narrow else out)
                 if narrow:
                     b.Cast(present, original, out=out)
-                else:
-                    b.Identity(present, out=out)
-            return full
+            return rows
 
         present_k = cache(stacked_k, "k", outputs[1])
         present_v = cache(stacked_v, "v", outputs[2])
@@ -364,14 +368,16 @@ class GroupQueryAttention(Pattern[Facts]):
                            np.asarray(softcap, dtype), hint="softcapped")
         bias = read("attention_bias")
         if bias is not None:  # (B|1, N|1, S, total) -> (B|1, Nk|1, G|1, S, C); the
-            # columns from the total to R are never visible
+            # columns from the total to C are never visible
             bias_heads = [kv_heads, group] if facts.bias_heads == heads else [1, 1]
             bias = b.Reshape(bias, b.Concat(b.Shape(bias, 0, 1, hint="bias_batch"),
                                             np.array(bias_heads, np.int64),
                                             b.Shape(bias, 2, 4, hint="bias_rows"), axis=0,
                                             hint="bias_5d_shape"), hint="bias_5d")
-            width = b.Sub(stacked_rows, b.Gather(b.Shape(bias, hint="bias_shape"), [4],
-                                             hint="bias_width"), hint="bias_gap")
+            width = b.Sub(b.Gather(b.Shape(present_k, hint="present_shape"), [2],
+                                   hint="present_rows"),
+                          b.Gather(b.Shape(bias, hint="bias_shape"), [4], hint="bias_width"),
+                          hint="bias_gap")
             pads = b.Concat(np.zeros(9, np.int64), width, axis=0, hint="bias_pads")
             scores = b.Add(scores, b.Pad(bias, pads, hint="bias_to_capacity"),
                            hint="biased_scores")
