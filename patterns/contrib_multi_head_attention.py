@@ -16,10 +16,14 @@ against it):
   ``unidirectional`` forbids a later key, and ``attention_bias`` (B or 1, N or 1, S, T);
 - ``output = softmax(scores) V``, heads merged: (B, S, N * v head size).
 
-Refused with the reason: packed forms (query (B, S, N, 3, H) with no key, key (B, L, N, 2,
-H)), key and value already split into heads (4-D, cross-attention caches), the
-``past_sequence_length`` / ``cache_indirection`` (beam search) inputs and the ``qk``
-output: not pinned against the kernel yet. float16 and bfloat16 are computed in float32.
+Other layouts: key and value already split into heads, (B, N, L, head) (cross-attention
+caches; ``bias`` is then added to Q only, as the kernel does: pinned); packed QKV, a query
+(B, S, N, 3, H) with no key or value, and packed KV, a key (B, L, N, 2, H) with no value, as
+docs/ContribOperators.md lays them out (ONNX Runtime runs them on CUDA only: "not implemented
+for CPU"; tested against torch), without ``bias`` (refused: nothing to pin it against).
+
+Refused with the reason: the ``past_sequence_length`` / ``cache_indirection`` (beam search)
+inputs and the ``qk`` output. float16 and bfloat16 are computed in float32.
 
 Envelope: opsets 11+ (bfloat16 13+); D, Dv static and divisible by num_heads; B, S, L and
 the past length dynamic. ``--target ort`` keeps the node.
@@ -53,6 +57,7 @@ class Facts(NamedTuple):
     sizes: tuple[int, int, int]
     scale: float
     mask: str | None
+    layout: str  # "separate", "packed_qkv", "packed_kv" or "heads_kv" (4-D key/value)
 
 
 class MultiHeadAttention(Pattern[Facts]):
@@ -82,20 +87,64 @@ class MultiHeadAttention(Pattern[Facts]):
                 raise Reject(f"{name} ({why}) is not supported")
         if len(node.outputs) > 3:
             raise Reject("the qk output is not supported")
-        if not node.tensor("key") or not node.tensor("value"):
-            raise Reject("packed QKV (a query with no key/value) is not supported")
         elem_type = require_type(ctx, node.tensor("query"), "query", _TYPES)
         if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
             raise Reject("bfloat16 needs opset 13 or newer")
         for name in ("key", "value", "bias", "attention_bias", "past_key", "past_value"):
             if node.tensor(name):
                 require_type(ctx, node.tensor(name), name, (elem_type,))
-        query = require_shape(ctx, node.tensor("query"), "query", "(B, S, D)", 3, 3)
-        key = require_shape(ctx, node.tensor("key"), "key", "(B, L, D)", 3, 5)
-        value = require_shape(ctx, node.tensor("value"), "value", "(B, L, Dv)", 3, 5)
-        if len(key) != 3 or len(value) != 3:
-            raise Reject("key/value split into heads (4-D) or packed (5-D) are not supported")
-        dims = (query[2], key[2], value[2])
+        query = require_shape(ctx, node.tensor("query"), "query", "(B, S, D) or (B, S, N, 3, H)",
+                              3, 5)
+        layout, sizes = self._layout(node, ctx, query, heads)
+        scale = args["scale"]
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(sizes[0] // heads)
+        mask = Attention._mask_form(node, ctx, query, start_positions=False)
+        return Facts(elem_type, heads, sizes, scale, mask, layout)
+
+    @staticmethod
+    def _layout(node: MatchedNode, ctx: MatchContext, query: Any, heads: int
+                ) -> tuple[str, tuple[int, int, int]]:
+        """The Q/K/V layout and the hidden sizes (D, D, Dv)."""
+        has_key, has_value = bool(node.tensor("key")), bool(node.tensor("value"))
+        key = require_shape(ctx, node.tensor("key"), "key", "(B, L, D)", 3, 5) \
+            if has_key else None
+        if len(query) == 5 or key is not None and len(key) == 5:
+            packed = query if len(query) == 5 else key
+            assert packed is not None
+            kind = "packed_qkv" if len(query) == 5 else "packed_kv"
+            parts = 3 if kind == "packed_qkv" else 2
+            if (kind == "packed_qkv" and (has_key or has_value)) or \
+                    (kind == "packed_kv" and has_value):
+                raise Reject(f"a packed {'QKV query' if parts == 3 else 'KV key'} comes "
+                             f"without {'key and value' if parts == 3 else 'value'}")
+            if len(query) != (5 if kind == "packed_qkv" else 3) or packed[2] != heads or \
+                    packed[3] != parts or not isinstance(packed[4], int):
+                raise Reject(f"a packed {'QKV' if parts == 3 else 'KV'} input must be "
+                             f"(B, L, {heads}, {parts}, static head size), got {list(packed)}")
+            if node.tensor("bias"):
+                raise Reject("bias with packed inputs is not supported (ONNX Runtime's CPU "
+                             "kernel has no packed forms to pin it against)")
+            size = heads * packed[4]
+            if kind == "packed_kv" and query[2] != size:
+                raise Reject(f"the query's hidden size {query[2]} must be num_heads * the "
+                             f"packed head size ({size})")
+            return kind, (size, size, size)
+        if len(query) != 3 or key is None or not has_value:
+            raise Reject("key and value are needed unless the query is packed QKV "
+                         "(B, S, N, 3, H) or the key packed KV (B, L, N, 2, H)")
+        value = require_shape(ctx, node.tensor("value"), "value", "(B, L, Dv)", 3, 4)
+        if len(key) == 4 and len(value) == 4:
+            if key[1] != heads or value[1] != heads or not isinstance(key[3], int) or \
+                    not isinstance(value[3], int):
+                raise Reject(f"key/value split into heads must be (B, {heads}, L, static "
+                             f"head size), got {list(key)} and {list(value)}")
+            dims: tuple[Any, ...] = (query[2], heads * key[3], heads * value[3])
+            layout = "heads_kv"
+        elif len(key) == 3 and len(value) == 3:
+            dims, layout = (query[2], key[2], value[2]), "separate"
+        else:
+            raise Reject(f"key and value must both be 3-D or both 4-D (split into heads), "
+                         f"got ranks {len(key)} and {len(value)}")
         sizes = tuple(size for size in dims if isinstance(size, int) and size > 0
                       and size % heads == 0)
         if len(sizes) != 3:
@@ -103,10 +152,7 @@ class MultiHeadAttention(Pattern[Facts]):
                          f"{heads}")
         if sizes[0] != sizes[1]:
             raise Reject(f"query and key hidden sizes differ ({sizes[0]}, {sizes[1]})")
-        scale = args["scale"]
-        scale = float(scale) if scale is not None else 1.0 / math.sqrt(sizes[0] // heads)
-        mask = Attention._mask_form(node, ctx, query, start_positions=False)
-        return Facts(elem_type, heads, (sizes[0], sizes[1], sizes[2]), scale, mask)
+        return layout, (sizes[0], sizes[1], sizes[2])
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         narrow = facts.elem_type in _NARROW
@@ -119,14 +165,9 @@ class MultiHeadAttention(Pattern[Facts]):
             value = b.input(node.tensor(name), original)
             return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
 
-        q, k, v = read("query"), read("key"), read("value")
-        assert q is not None and k is not None and v is not None
-        bias = read("bias")
-        if bias is not None:
-            bq, bk, bv = b.Split(bias, list(facts.sizes), axis=0, hint="bias_parts")
-            q, k, v = (b.Add(q, bq, hint="q_bias"), b.Add(k, bk, hint="k_bias"),
-                       b.Add(v, bv, hint="v_bias"))
         heads = facts.heads
+        query = read("query")
+        assert query is not None
 
         def split_heads(value: Value, source: Value, size: int, label: str) -> Value:
             target = b.Concat(b.Shape(source, 0, 2, hint=f"{label}_rows"),
@@ -135,10 +176,37 @@ class MultiHeadAttention(Pattern[Facts]):
             return b.Transpose(b.Reshape(value, target, hint=f"{label}_heads"), [0, 2, 1, 3],
                                hint=f"{label}_bnsh")
 
-        query = q
-        q = split_heads(q, query, facts.sizes[0], "q")
-        k = split_heads(k, k, facts.sizes[1], "k")
-        v = split_heads(v, v, facts.sizes[2], "v")
+        def unpack(packed: Value, count: int, label: str) -> list[Value]:
+            """(B, L, N, count, H) -> count tensors (B, N, L, H)."""
+            return [b.Transpose(b.Squeeze(part, [3], hint=f"{label}{i}_squeezed"),
+                                [0, 2, 1, 3], hint=f"{label}{i}_bnsh")
+                    for i, part in enumerate(b.Split(packed, [1] * count, axis=3,
+                                                     hint=f"{label}_parts"))]
+
+        bias = read("bias")
+        bias_parts: list[Value | None] = [None, None, None]
+        if bias is not None:
+            bias_parts = list(b.Split(bias, list(facts.sizes), axis=0, hint="bias_parts"))
+        if facts.layout == "packed_qkv":
+            q, k, v = unpack(query, 3, "qkv")
+        else:
+            q_in = query if bias_parts[0] is None else b.Add(query, bias_parts[0],
+                                                             hint="q_bias")
+            q = split_heads(q_in, query, facts.sizes[0], "q")
+            key, value = read("key"), read("value")
+            assert key is not None
+            if facts.layout == "packed_kv":
+                k, v = unpack(key, 2, "kv")
+            elif facts.layout == "heads_kv":  # already projected: the bias is Q's only
+                assert value is not None
+                k, v = key, value
+            else:
+                assert value is not None
+                if bias_parts[1] is not None and bias_parts[2] is not None:
+                    key = b.Add(key, bias_parts[1], hint="k_bias")
+                    value = b.Add(value, bias_parts[2], hint="v_bias")
+                k = split_heads(key, key, facts.sizes[1], "k")
+                v = split_heads(value, value, facts.sizes[2], "v")
         past_key, past_value = read("past_key"), read("past_value")
         if past_key is not None:
             k = b.Concat(past_key, k, axis=2, hint="k_all")
@@ -175,21 +243,39 @@ class MultiHeadAttention(Pattern[Facts]):
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
                 ) -> list[np.ndarray]:
-        q, k, v = tensors["query"], tensors["key"], tensors["value"]
-        assert q is not None and k is not None and v is not None
-        dtype = q.dtype
-        wide = [t.astype(np.float64) for t in (q, k, v)]
+        query, key, value = tensors["query"], tensors["key"], tensors["value"]
+        assert query is not None
+        dtype = query.dtype
         heads = int(args["num_heads"])
         bias = tensors.get("bias")
-        if bias is not None:
-            sizes = [t.shape[-1] for t in wide]
-            parts = np.split(bias.astype(np.float64), np.cumsum(sizes)[:-1])
-            wide = [t + p for t, p in zip(wide, parts, strict=True)]
 
         def heads_of(t: np.ndarray) -> np.ndarray:
             return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(0, 2, 1, 3)
 
-        qh, kh, vh = (heads_of(t) for t in wide)
+        def unpacked(t: np.ndarray, index: int) -> np.ndarray:  # (B, L, N, n, H) -> BNSH
+            return t[:, :, :, index].astype(np.float64).transpose(0, 2, 1, 3)
+
+        if query.ndim == 5:  # packed QKV
+            qh, kh, vh = (unpacked(query, i) for i in range(3))
+        else:
+            q = query.astype(np.float64)
+            width = q.shape[-1]
+            if bias is not None:
+                q = q + bias[:width]
+            qh = heads_of(q)
+            assert key is not None
+            if key.ndim == 5:  # packed KV
+                kh, vh = unpacked(key, 0), unpacked(key, 1)
+            elif key.ndim == 4:  # split into heads already: no bias
+                assert value is not None
+                kh, vh = key.astype(np.float64), value.astype(np.float64)
+            else:
+                assert value is not None
+                k, v = key.astype(np.float64), value.astype(np.float64)
+                if bias is not None:
+                    k = k + bias[width:2 * width]
+                    v = v + bias[2 * width:]
+                kh, vh = heads_of(k), heads_of(v)
         if tensors.get("past_key") is not None:
             kh = np.concatenate([tensors["past_key"].astype(np.float64), kh], 2)  # type: ignore[union-attr]
         if tensors.get("past_value") is not None:
@@ -216,7 +302,7 @@ class MultiHeadAttention(Pattern[Facts]):
         scores = scores - scores.max(-1, keepdims=True)
         probs = np.exp(scores)
         probs = probs / probs.sum(-1, keepdims=True)
-        out = (probs @ vh).transpose(0, 2, 1, 3).reshape(q.shape[0], sequence, -1)
+        out = (probs @ vh).transpose(0, 2, 1, 3).reshape(query.shape[0], sequence, -1)
         return [out.astype(dtype), kh.astype(dtype), vh.astype(dtype)]
 
 

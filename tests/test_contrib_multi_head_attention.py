@@ -1,7 +1,9 @@
 """ONNX Runtime's MultiHeadAttention, decomposed: against ONNX Runtime's own CPU kernel and
 against torch's ``F.scaled_dot_product_attention`` (float64, the additive mask built from
 the same rules), for separate Q/K/V with and without bias, key padding masks of each form,
-attention bias, past/present and unidirectional, at two sizes with dynamic dims."""
+attention bias, past/present and unidirectional, key and value split into heads (4-D), and
+the packed QKV / KV forms (torch only: ONNX Runtime has them on CUDA only), at two sizes with
+dynamic dims."""
 
 from __future__ import annotations
 
@@ -147,11 +149,79 @@ def test_matches_the_kernel_and_torch(present, outputs, attrs, monkeypatch):
                 np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
 
 
+def _layout_model(layout, bias=False):
+    """Q/K/V in another layout: "packed_qkv" (query (B, S, N, 3, H)), "packed_kv" (key
+    (B, L, N, 2, H)) or "heads_kv" (key and value (B, N, L, H))."""
+    head = HIDDEN // HEADS
+    shapes = {"packed_qkv": {"query": ["B", "S", HEADS, 3, head]},
+              "packed_kv": {"query": ["B", "S", HIDDEN], "key": ["B", "L", HEADS, 2, head]},
+              "heads_kv": {"query": ["B", "S", HIDDEN], "key": ["B", HEADS, "L", head],
+                           "value": ["B", HEADS, "L", head]}}[layout]
+    if bias:
+        shapes["bias"] = [3 * HIDDEN]
+    names = ["query", "key", "value", "bias"]
+    node_inputs = [n if n in shapes else "" for n in names]
+    while node_inputs[-1] == "":
+        node_inputs.pop()
+    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, shapes[n]) for n in shapes]
+    out = helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", "S", HIDDEN])
+    node = helper.make_node("MultiHeadAttention", node_inputs, ["output"], name="mha",
+                            domain="com.microsoft", num_heads=HEADS)
+    return make_model([node], inputs, [out], 17, extra_opsets=["com.microsoft"])
+
+
+def _layout_feeds(rng, layout, batch, seq, keys, bias=False):
+    head = HIDDEN // HEADS
+    shapes = {"packed_qkv": {"query": (batch, seq, HEADS, 3, head)},
+              "packed_kv": {"query": (batch, seq, HIDDEN), "key": (batch, keys, HEADS, 2, head)},
+              "heads_kv": {"query": (batch, seq, HIDDEN), "key": (batch, HEADS, keys, head),
+                           "value": (batch, HEADS, keys, head)}}[layout]
+    if bias:
+        shapes["bias"] = (3 * HIDDEN,)
+    return {n: rng.standard_normal(shape).astype(np.float32) for n, shape in shapes.items()}
+
+
+def _layout_torch(feeds, layout):
+    t = {k: torch.from_numpy(v.astype(np.float64)) for k, v in feeds.items()}
+    if layout == "packed_qkv":
+        q, k, v = (t["query"][:, :, :, i].transpose(1, 2) for i in range(3))
+    else:
+        query = t["query"] + (t["bias"][:HIDDEN] if "bias" in t else 0)
+        q = query.reshape(query.shape[0], query.shape[1], HEADS, -1).transpose(1, 2)
+        if layout == "packed_kv":
+            k, v = (t["key"][:, :, :, i].transpose(1, 2) for i in range(2))
+        else:  # already projected: ORT adds no bias to them (pinned below)
+            k, v = t["key"], t["value"]
+    out = F.scaled_dot_product_attention(q, k, v)
+    return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1).numpy()
+
+
+@pytest.mark.parametrize("layout, bias", [("heads_kv", False), ("heads_kv", True),
+                                          ("packed_qkv", False), ("packed_kv", False)])
+def test_other_layouts(layout, bias):
+    rng = np.random.default_rng(len(layout) + bias)
+    model = _layout_model(layout, bias)
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    for batch, seq, keys in [(2, 4, 5), (1, 3, 3)]:
+        feeds = _layout_feeds(rng, layout, batch, seq, keys, bias)
+        (got,) = run_onnxruntime(out, feeds)
+        np.testing.assert_allclose(got, _layout_torch(feeds, layout), atol=2e-5, rtol=1e-4)
+        if layout == "heads_kv":
+            (kernel,) = run_onnxruntime(model, feeds)
+            np.testing.assert_allclose(got, kernel, atol=2e-5, rtol=1e-4)
+        else:  # the packed forms exist on ONNX Runtime's CUDA kernel only: torch is the oracle
+            with pytest.raises(Exception, match="not implemented for CPU"):
+                run_onnxruntime(model, feeds)
+
+
 def test_rejections():
     model = _model({})
     del model.graph.node[0].input[1:]
-    with pytest.raises(decomposer.UnsupportedNodeError, match="packed QKV"):
+    with pytest.raises(decomposer.UnsupportedNodeError, match="key and value are needed"):
         decomposer.decompose(model)
+    with pytest.raises(decomposer.UnsupportedNodeError, match="bias with packed inputs"):
+        decomposer.decompose(_layout_model("packed_kv", bias=True))
 
 
 def portability_cases():
