@@ -17,8 +17,10 @@ numbers of its CPU kernel (each mask form below was pinned by running it):
   end then start positions (keys before the start are masked too: left padding), 2-D
   (B, T) or 3-D (B, S, T) raw masks (0: masked). The 4-D Megatron form is refused (ONNX
   Runtime's CPU kernel does not implement it: "4D mask in attention cpu kernel is not
-  supported", so its numbers cannot be pinned), as are ``do_rotary``,
-  ``past_present_share_buffer`` and ``past_sequence_length``;
+  supported", so its numbers cannot be pinned), as is ``do_rotary`` (the CPU kernel refuses
+  it too: "Rotary embedding is not supported in Attention CPU kernel. Please fuse the model
+  with MHA + RotaryEmbedding", both of which decompose), and ``past_present_share_buffer``
+  and ``past_sequence_length``;
 - ``output = softmax(scores) V``, heads merged back: (B, S, N * v head size).
 
 The mask is additive as in ONNX Runtime's kernel (a fully masked row is a softmax over
