@@ -45,7 +45,11 @@ Before -> after (SkipLayerNormalization with bias and beta)::
 
 Written in the order of ONNX Runtime's LayerNormFusion and SimplifiedLayerNormFusion
 (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add), which fuse it back into one
-kernel on ONNX Runtime; every other engine runs the elementwise ops. float16 and bfloat16
+kernel on ONNX Runtime; every other engine runs the elementwise ops. ONNX's own
+LayerNormalization (opset 17) is not emitted, at any opset: tried, TVM 0.27 then fails to
+compile the real BERT of the suite with static shapes ("CodeGenVM cannot emit this Relax
+operator directly", a LayerNormalization after EmbedLayerNormalization's gathers), while
+the elementwise form runs everywhere and ONNX Runtime re-fuses it anyway. float16 and bfloat16
 are computed in float32 and rounded once (ONNX Runtime's kernels accumulate in float32),
 float64 in float64.
 
