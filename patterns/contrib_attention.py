@@ -23,6 +23,9 @@ numbers of its CPU kernel (each mask form below was pinned by running it):
   and ``past_sequence_length``;
 - ``output = softmax(scores) V``, heads merged back: (B, S, N * v head size).
 
+ONNX's own Attention (opset 23) is not emitted: ONNX Runtime and OpenVINO load it, TVM 0.27's
+converter fails on it (3-D and 4-D inputs: "'num_heads'", measured).
+
 The mask is additive as in ONNX Runtime's kernel (a fully masked row is a softmax over
 ``scores + mask_filter_value``, not zeros). float16 and bfloat16 are computed in float32
 and rounded once. Before -> after::

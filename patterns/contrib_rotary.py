@@ -20,6 +20,9 @@ Before -> after (not interleaved)::
     RotaryEmbedding(x, pos, cos, sin)  ->  c, s = Gather(cos, pos), Gather(sin, pos)
         x1, x2 = Split(x[..., :r]);  Concat(x1 c - x2 s, x2 c + x1 s, x[..., r:])
 
+ONNX's own RotaryEmbedding (opset 23) is not emitted: ONNX Runtime and OpenVINO load it, TVM
+0.27 has no converter ("not supported for frontend ONNX: RotaryEmbedding", measured).
+
 Envelope: opsets 11+ (bfloat16 13+); float16/32 (computed in float32); the head size and r
 static; batch, sequence and heads dynamic. ``--target ort`` keeps the node.
 """
