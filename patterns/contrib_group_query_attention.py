@@ -46,9 +46,9 @@ Before -> after::
           Softmax(Where(window, MatMul(Q grouped by KV head, present^T) * scale, -inf))
           -> MatMul(., present_v) -> heads merged
 
-Not emitted: ONNX's Attention (opset 23), whose TVM 0.27 converter fails ("'num_heads'"), and
-which has no per-row cache offset P_b; a DequantizeLinear-21 cache; see
-docs/performance.md for the measured speed of this form.
+ONNX's own Attention (opset 23) is not emitted: TVM 0.27's converter fails on it
+("'num_heads'", measured), and it has no per-row cache offset P_b. The speed of this form
+against the kernel is in docs/performance.md.
 
 float16 and bfloat16 are computed in float32 and rounded once (the kernel accumulates in
 float32). Envelope: opsets 11+ (bfloat16 13+); query of rank 3 with a static last dim; the
