@@ -90,6 +90,7 @@ class Facts(NamedTuple):
     rotary: int  # rotated dims; 0 without do_rotary
     scale: float
     bias_heads: int  # attention_bias's heads dim: num_heads or 1 (0: no bias)
+    past_head_static: bool  # the past's declared head size is a number
 
 
 class GroupQueryAttention(Pattern[Facts]):
@@ -174,9 +175,11 @@ class GroupQueryAttention(Pattern[Facts]):
                 if dims[2] != kv_heads * head:
                     raise Reject(f"{name}'s last dim must be kv_num_heads * head size "
                                  f"({kv_heads * head}), got {dims[2]}")
+        past_head_static = True
         if node.tensor("past_key"):
             for name in ("past_key", "past_value"):
                 dims = require_shape(ctx, node.tensor(name), name, "(B, Nk, L, h)", 4, 4)
+                past_head_static = past_head_static and isinstance(dims[3], int)
                 if any(isinstance(got, int) and got != want
                        for got, want in ((dims[1], kv_heads), (dims[3], head))):
                     raise Reject(f"{name} must be (B, {kv_heads}, L, {head}), got "
@@ -205,7 +208,8 @@ class GroupQueryAttention(Pattern[Facts]):
             require_shape(ctx, node.tensor("head_sink"), "head_sink", "(num_heads,)", 1, 1)
         scale = args["scale"]
         scale = float(scale) if scale else 1.0 / math.sqrt(head)
-        return Facts(elem_type, heads, kv_heads, head, packed, rotary, scale, bias_heads)
+        return Facts(elem_type, heads, kv_heads, head, packed, rotary, scale, bias_heads,
+                     past_head_static)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         narrow = facts.elem_type != TensorProto.FLOAT
@@ -288,11 +292,21 @@ class GroupQueryAttention(Pattern[Facts]):
         # from shapes; rows at or after T_b are never visible.
         new_k = b.Transpose(k, [0, 2, 1, 3], hint="k_bnsh")  # (B, Nk, S, h)
         new_v = b.Transpose(v, [0, 2, 1, 3], hint="v_bnsh")
-        zero_row = b.ConstantOfShape(b.Concat(b.Shape(new_k, 0, 2, hint="batch_heads"),
+        past_k, past_v = read("past_key"), read("past_value")
+        if past_k is not None and past_v is not None and not facts.past_head_static:
+            # The head size as a constant (the genai builder declares it symbolic): TVM
+            # cannot concatenate a symbolic dim with a static one.
+            past_shape = b.Concat(b.Shape(past_k, 0, 3, hint="past_lead"),
+                                  np.array([head], np.int64), axis=0, hint="past_4d")
+            past_k = b.Reshape(past_k, past_shape, hint="past_k_sized")
+            past_v = b.Reshape(past_v, past_shape, hint="past_v_sized")
+        # (B, Nk, 1, h), sized from an input's shape where there is one (TVM cannot
+        # concatenate what it cannot size)
+        zero_row = b.ConstantOfShape(b.Concat(b.Shape(new_k if past_k is None else past_k,
+                                                      0, 2, hint="batch_heads"),
                                               np.array([1, head], np.int64), axis=0,
                                               hint="zero_row_shape"), 0.0, dtype,
-                                     hint="zero_row")  # (B, Nk, 1, h)
-        past_k, past_v = read("past_key"), read("past_value")
+                                     hint="zero_row")
         parts_k, parts_v = [new_k, zero_row], [new_v, zero_row]
         past_length: Value | None = None
         capacity: Value | None = None
@@ -304,9 +318,15 @@ class GroupQueryAttention(Pattern[Facts]):
         stacked_v = b.Concat(*parts_v, axis=2, hint="v_rows")
         stacked_rows = sequence if past_length is None else \
             b.Add(past_length, sequence, hint="stacked_rows")  # R
-        row = b.Unsqueeze(positions(b, b.Shape(stacked_k, 2, 3, hint="rows_dim"), 0, i64,
-                                    hint="cache_rows"), [0], hint="cache_row")  # (1, R + 1)
-        row = b.Slice(row, [0], [-1], [1], hint="cache_row_r")  # (1, R)
+        # 0 .. R-1 as the past's rows then the new ones, each counted over an input's own
+        # shape: TVM can size neither the stacked rows' Shape nor a sum of two shapes.
+        row = steps
+        if past_k is not None and past_length is not None:
+            row = b.Concat(positions(b, b.Shape(past_k, 2, 3, hint="past_rows_dim"), 0, i64,
+                                     hint="past_rows"),
+                           b.Add(steps, past_length, hint="new_rows"), axis=0,
+                           hint="cache_rows")
+        row = b.Unsqueeze(row, [0], hint="cache_row")  # (1, R)
         offset = b.Sub(row, cached_col, hint="new_row")  # j - P_b, (B, R)
         source = b.Where(b.Less(offset, sequence, hint="is_new_or_past"),
                          offset if past_length is None else
@@ -321,27 +341,41 @@ class GroupQueryAttention(Pattern[Facts]):
                                                          hint="total_within_past"),
                                                   np.zeros(1, i64), beyond, hint="growth"),
                              hint="capacity")
-        # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, C).
-        pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
-                                                  0, i64, hint="batch_index"), [1, 2],
-                                        hint="batch_b11"), np.asarray(kv_heads, i64),
-                            hint="batch_first_head"),
-                      np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
-                      hint="batch_head")  # (B, Nk, 1)
-        flat_source = b.Add(b.Mul(pairs, b.Add(stacked_rows, np.asarray(1, i64),
-                                               hint="stacked_rows_and_zero"),
-                                  hint="pair_start"),
-                            b.Unsqueeze(source, [1], hint="source_b1r"),
-                            hint="flat_source")  # (B, Nk, R)
         outputs = list(node.outputs) + ["", ""]
-        flat_rows = np.array([-1, head], np.int64)
+        if b.opset >= 12:
+            # GatherND over (b, n) with each row's source: no flattening, whose Reshape TVM
+            # cannot do once it has lost the stacked rows' shape (a dynamic decoder's).
+            index = b.Unsqueeze(b.Add(b.Unsqueeze(source, [1], hint="source_b1r"),
+                                      np.zeros((1, kv_heads, 1), np.int64),
+                                      hint="source_bnr"), [3], hint="source_index")
+
+            def gather_rows(stacked: Value, label: str, out: str | None) -> Value:
+                return b.GatherND(stacked, index, batch_dims=2, hint=f"{label}_cache",
+                                  out=out)
+        else:  # GatherND has no batch_dims: a Gather over rows flattened over (B, Nk)
+            # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, R).
+            pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1,
+                                                                  hint="batch_dim"),
+                                                      0, i64, hint="batch_index"), [1, 2],
+                                            hint="batch_b11"), np.asarray(kv_heads, i64),
+                                hint="batch_first_head"),
+                          np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
+                          hint="batch_head")  # (B, Nk, 1)
+            flat_source = b.Add(b.Mul(pairs, b.Add(stacked_rows, np.asarray(1, i64),
+                                                   hint="stacked_rows_and_zero"),
+                                      hint="pair_start"),
+                                b.Unsqueeze(source, [1], hint="source_b1r"),
+                                hint="flat_source")  # (B, Nk, R)
+
+            def gather_rows(stacked: Value, label: str, out: str | None) -> Value:
+                flat = b.Reshape(stacked, np.array([-1, head], np.int64), hint=f"{label}_flat")
+                return b.Gather(flat, flat_source, axis=0, hint=f"{label}_cache", out=out)
 
         def cache(stacked: Value, label: str, out: str) -> Value:
             """The R cache rows attention runs on (TVM compiles no arithmetic on a run-time
             size such as C); the present output is their first C."""
-            rows = b.Gather(b.Reshape(stacked, flat_rows, hint=f"{label}_flat"), flat_source,
-                            axis=0, hint=f"{label}_cache",
-                            out=None if narrow or capacity is not None else out or None)
+            rows = gather_rows(stacked, label,
+                               None if narrow or capacity is not None else out or None)
             if out:
                 present = rows if capacity is None else \
                     b.Slice(rows, [0], capacity, [2], hint=f"present_{label}",
