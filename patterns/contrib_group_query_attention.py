@@ -342,34 +342,23 @@ class GroupQueryAttention(Pattern[Facts]):
                                                   np.zeros(1, i64), beyond, hint="growth"),
                              hint="capacity")
         outputs = list(node.outputs) + ["", ""]
-        if b.opset >= 12:
-            # GatherND over (b, n) with each row's source: no flattening, whose Reshape TVM
-            # cannot do once it has lost the stacked rows' shape (a dynamic decoder's).
-            index = b.Unsqueeze(b.Add(b.Unsqueeze(source, [1], hint="source_b1r"),
-                                      np.zeros((1, kv_heads, 1), np.int64),
-                                      hint="source_bnr"), [3], hint="source_index")
+        # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, R); a Gather
+        # of whole rows (not GatherND with batch_dims, which onnx2torch lacks).
+        pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
+                                                  0, i64, hint="batch_index"), [1, 2],
+                                        hint="batch_b11"), np.asarray(kv_heads, i64),
+                            hint="batch_first_head"),
+                      np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
+                      hint="batch_head")  # (B, Nk, 1)
+        flat_source = b.Add(b.Mul(pairs, b.Add(stacked_rows, np.asarray(1, i64),
+                                               hint="stacked_rows_and_zero"),
+                                  hint="pair_start"),
+                            b.Unsqueeze(source, [1], hint="source_b1r"),
+                            hint="flat_source")  # (B, Nk, R)
 
-            def gather_rows(stacked: Value, label: str, out: str | None) -> Value:
-                return b.GatherND(stacked, index, batch_dims=2, hint=f"{label}_cache",
-                                  out=out)
-        else:  # GatherND has no batch_dims: a Gather over rows flattened over (B, Nk)
-            # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, R).
-            pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1,
-                                                                  hint="batch_dim"),
-                                                      0, i64, hint="batch_index"), [1, 2],
-                                            hint="batch_b11"), np.asarray(kv_heads, i64),
-                                hint="batch_first_head"),
-                          np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
-                          hint="batch_head")  # (B, Nk, 1)
-            flat_source = b.Add(b.Mul(pairs, b.Add(stacked_rows, np.asarray(1, i64),
-                                                   hint="stacked_rows_and_zero"),
-                                      hint="pair_start"),
-                                b.Unsqueeze(source, [1], hint="source_b1r"),
-                                hint="flat_source")  # (B, Nk, R)
-
-            def gather_rows(stacked: Value, label: str, out: str | None) -> Value:
-                flat = b.Reshape(stacked, np.array([-1, head], np.int64), hint=f"{label}_flat")
-                return b.Gather(flat, flat_source, axis=0, hint=f"{label}_cache", out=out)
+        def gather_rows(stacked: Value, label: str, out: str | None) -> Value:
+            flat = b.Reshape(stacked, np.array([-1, head], np.int64), hint=f"{label}_flat")
+            return b.Gather(flat, flat_source, axis=0, hint=f"{label}_cache", out=out)
 
         def cache(stacked: Value, label: str, out: str) -> Value:
             """The R cache rows attention runs on (TVM compiles no arithmetic on a run-time
