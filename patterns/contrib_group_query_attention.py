@@ -320,15 +320,17 @@ class GroupQueryAttention(Pattern[Facts]):
             b.Add(past_length, sequence, hint="stacked_rows")  # R
         # 0 .. R-1 as the past's rows then the new ones, each counted over an input's own
         # shape: TVM can size neither the stacked rows' Shape nor a sum of two shapes.
-        # One running sum over ones for both (not one per part: onnx2torch's exclusive
-        # CumSum fails on an empty past).
+        # The past's count is an inclusive running sum minus one: onnx2torch's exclusive
+        # CumSum fails on an empty past (a first prompt's).
         row = steps
         if past_k is not None and past_length is not None:
-            ones = b.Concat(b.ConstantOfShape(b.Shape(past_k, 2, 3, hint="past_rows_dim"), 1,
-                                              i64, hint="past_ones"),
-                            b.ConstantOfShape(b.Shape(query, 1, 2, hint="new_rows_dim"), 1,
-                                              i64, hint="new_ones"), axis=0, hint="row_ones")
-            row = b.CumSum(ones, 0, exclusive=True, hint="cache_rows")
+            past_rows = b.Sub(b.CumSum(b.ConstantOfShape(b.Shape(past_k, 2, 3,
+                                                                 hint="past_rows_dim"),
+                                                         1, i64, hint="past_ones"), 0,
+                                       hint="past_count"), np.asarray(1, i64),
+                              hint="past_rows")
+            row = b.Concat(past_rows, b.Add(steps, past_length, hint="new_rows"), axis=0,
+                           hint="cache_rows")
         row = b.Unsqueeze(row, [0], hint="cache_row")  # (1, R)
         offset = b.Sub(row, cached_col, hint="new_row")  # j - P_b, (B, R)
         source = b.Where(b.Less(offset, sequence, hint="is_new_or_past"),
