@@ -232,14 +232,16 @@ class Attention(Pattern[Facts]):
             # (B,) end positions, or (2B,) end then start positions: the starts are
             # mask[B:2B] of the mask padded with B zeros, zeros for the (B,) form.
             assert key_index is not None
+            # Gathers, not Slices with run-time bounds (TVM cannot compile those).
             positions_1d = b.input(mask, np.int32)
-            batch = b.Gather(b.Shape(x, hint="mask_batch_shape"), [0], hint="mask_batch")
-            ends = b.Slice(positions_1d, [0], batch, [0], hint="mask_ends")
+            rows = positions(b, b.Shape(x, 0, 1, hint="mask_batch_dim"), 0,
+                             np.dtype(np.int64), hint="mask_rows")  # 0 .. B-1
+            ends = b.Gather(positions_1d, rows, hint="mask_ends")
             padded = b.Concat(positions_1d, b.Sub(ends, ends, hint="no_starts"), axis=0,
                               hint="mask_padded")
-            starts = b.Slice(padded, batch, b.Mul(batch, np.asarray(2, np.int64),
-                                                  hint="mask_two_batch"), [0],
-                             hint="mask_starts")
+            batch = b.Gather(b.Shape(x, hint="mask_batch_shape"), [0], hint="mask_batch")
+            starts = b.Gather(padded, b.Add(rows, batch, hint="start_rows"),
+                              hint="mask_starts")
             key_row = b.Unsqueeze(key_index, [0], hint="key_row")  # (1, T)
             keep = b.And(b.Less(key_row, b.Unsqueeze(ends, [1], hint="lengths"),
                                 hint="before_end"),
