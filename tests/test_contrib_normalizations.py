@@ -234,12 +234,29 @@ def test_rejections_name_the_node_and_the_reason():
         decomposer.decompose(model)
 
 
+def test_layer_normalization_17_where_no_statistics_are_asked_for():
+    rng = np.random.default_rng(6)
+    arrays = _skip_arrays(rng, (2, 3, 8), np.float32)
+    for opset, outputs, native in ((17, [("output", "y")], True),
+                                   (17, [("output", "y"), ("mean", "mean")], False),
+                                   (16, [("output", "y")], False)):
+        model, feeds = _model("SkipLayerNormalization", arrays, outputs, {}, opset,
+                              "com.microsoft")
+        out = decomposer.decompose(model)
+        ops = [n.op_type for n in out.graph.node]
+        assert ("LayerNormalization" in ops) is native and ("ReduceMean" in ops) is not native
+        for got, want in zip(run_onnxruntime(out, feeds), run_onnxruntime(model, feeds),
+                             strict=True):
+            np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_fused_back_by_onnx_runtime():
-    """Written in the order of ONNX Runtime's LayerNormFusion: with its optimizations on,
-    the decomposed model runs ONNX Runtime's own normalization kernels again."""
+    """Below opset 17, written in the order of ONNX Runtime's LayerNormFusion: with its
+    optimizations on, the decomposed model runs ONNX Runtime's own normalization kernels
+    again."""
     rng = np.random.default_rng(5)
     arrays = _skip_arrays(rng, (2, 3, 8), np.float32, beta=True, bias=False)
-    model, _ = _model("SkipLayerNormalization", arrays, [("output", "y")], {}, 17,
+    model, _ = _model("SkipLayerNormalization", arrays, [("output", "y")], {}, 16,
                       "com.microsoft")
     out = decomposer.decompose(model)
     options = ort.SessionOptions()
