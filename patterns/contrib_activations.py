@@ -17,8 +17,9 @@ Before -> after (Gelu)::
 
     com.microsoft::Gelu(X)  ->  Mul(Mul(X, Add(Erf(Div(X, sqrt(2))), 1)), 0.5)
 
-Always the elementwise form, at every opset: ONNX's own Gelu (opset 20) would need every
-engine's support for it, which the suite does not measure yet. float16 and bfloat16 are
+Always the elementwise form, at every opset: ONNX's own Gelu (opset 20) loads on ONNX
+Runtime, OpenVINO and TVM 0.27 (measured), but it has not been run through onnx2torch and
+onnx2tf yet, and every engine must run the portable output. float16 and bfloat16 are
 computed in float32 and rounded once (ONNX Runtime's float16 kernels accumulate in float32
 too); float32 and float64 as they are, except float64's erf, taken in float32 (ONNX Runtime
 has no float64 Erf kernel; relative error ~1e-7).
