@@ -30,10 +30,10 @@ num_heads, Nk = kv_num_heads, h the head size and, per batch row b, T_b = seqlen
   ``head_sink[n]`` (or 0 with ``smooth_softmax`` 1) when either is given;
 - ``output`` (B, S, N h): the softmax times V, heads merged.
 
-Refused, with the reason: ``qk_output`` and the ``output_qk`` output (a fourth output: "1 to 3
-outputs"), a quantized cache
-(``k_scale``/``v_scale``, quant types other than NONE), ``q_norm_weight``/``k_norm_weight``
-(the CPU kernel refuses them too), ``query_seqlens``, ``sliding_window_cache``,
+Refused, with the reason: ``qk_output`` and the ``output_qk`` output (a fourth output: "1 to
+3 outputs"), a quantized cache (``k_scale``/``v_scale``, quant types other than NONE),
+``q_norm_weight``/``k_norm_weight`` (the CPU kernel refuses them too), ``query_seqlens``,
+``sliding_window_cache``,
 ``local_window_size`` 0 (every row empty) and a window with ``causal`` 0 (the schema forbids
 it). Rows of a right-padded prompt past T_b are unspecified by the schema; these give what
 the kernel's default (flash) path gives.
@@ -42,9 +42,10 @@ Before -> after::
 
     GroupQueryAttention(qkv, past_k, past_v, seqlens_k, total, cos, sin)
       ->  Split -> Q, K, V;  RoPE(Q), RoPE(K) at positions P_b + s
-          present = GatherElements(Concat(past, K_new, zero row), row index per (b, j))
-          Softmax(Where(window, MatMul(Q grouped by KV head, present^T) * scale, -inf))
-          -> MatMul(., present_v) -> heads merged
+          rows = Gather(Concat(past, K_new, zero row) flattened over (B, Nk),
+                        the source row of each (b, n, j), j < L + S)
+          Softmax(Where(window, MatMul(Q grouped by KV head, rows^T) * scale, -inf))
+          -> MatMul(., V rows) -> heads merged;  present = rows[:, :, :C]
 
 ONNX's own Attention (opset 23) is not emitted: TVM 0.27's converter fails on it
 ("'num_heads'", measured), and it has no per-row cache offset P_b. The speed of this form
