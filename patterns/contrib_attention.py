@@ -48,17 +48,17 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._compute import ComputeType
 from ._sampling import positions
 
 MS = frozenset({"com.microsoft"})
 _TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT)
-_NARROW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 class Facts(NamedTuple):
@@ -163,15 +163,9 @@ class Attention(Pattern[Facts]):
                      f"be pinned here")
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type in _NARROW
-        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
-        original = numpy_dtype(facts.elem_type)
-
-        def read(name: str) -> Value | None:
-            if not node.tensor(name):
-                return None
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+        compute = ComputeType(b, node, facts.elem_type)
+        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
+                                         compute.read)
 
         x, weights, bias = read("input"), read("weights"), read("bias")
         assert x is not None and weights is not None

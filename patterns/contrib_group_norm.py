@@ -31,11 +31,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder
 from decomposer.checks import require_broadcastable, require_shape, require_type
 from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._compute import ComputeType
 
 MS = frozenset({"com.microsoft"})
 _TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT)
@@ -85,15 +87,9 @@ class _GroupNorm(Pattern[Facts]):
         return Facts(elem_type, len(shape), channels, last, skip_rank)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type != TensorProto.FLOAT
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32)
-
-        def read(name: str) -> Value | None:
-            if not node.tensor(name):
-                return None
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+        compute = ComputeType(b, node, facts.elem_type)
+        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
+                                         compute.read)
 
         x = read("X")
         assert x is not None

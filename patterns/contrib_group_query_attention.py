@@ -65,12 +65,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._compute import ComputeType
 from ._sampling import positions
 from .contrib_rotary import rotate, rotate_numpy
 
@@ -213,17 +214,11 @@ class GroupQueryAttention(Pattern[Facts]):
                      past_head_static)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type != TensorProto.FLOAT
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32)
+        compute = ComputeType(b, node, facts.elem_type)
+        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
+                                         compute.read)
         heads, kv_heads, head = facts.heads, facts.kv_heads, facts.head
         i64 = np.dtype(np.int64)
-
-        def read(name: str) -> Value | None:
-            if not node.tensor(name):
-                return None
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
 
         query = read("query")
         assert query is not None

@@ -37,18 +37,18 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._compute import ComputeType
 from .contrib_attention import Attention
 from .contrib_attention import Facts as AttentionFacts
 
 MS = frozenset({"com.microsoft"})
 _TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT)
-_NARROW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 class Facts(NamedTuple):
@@ -155,15 +155,9 @@ class MultiHeadAttention(Pattern[Facts]):
         return layout, (sizes[0], sizes[1], sizes[2])
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type in _NARROW
-        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
-        original = numpy_dtype(facts.elem_type)
-
-        def read(name: str) -> Value | None:
-            if not node.tensor(name):
-                return None
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+        compute = ComputeType(b, node, facts.elem_type)
+        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
+                                         compute.read)
 
         heads = facts.heads
         query = read("query")

@@ -69,19 +69,19 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_broadcastable, require_shape, require_type
 from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._compute import ComputeType
 from ._sampling import positions as sequence_positions
 
 MS = frozenset({"com.microsoft"})
 DEFAULT = frozenset({""})
 _TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _SKIP_TYPES = _TYPES[:3]  # the Skip* schemas take no float64
-_NARROW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
 
 class Facts(NamedTuple):
@@ -196,17 +196,9 @@ class _Normalization(Pattern[Facts]):
                                  f"{len(vector)}")
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type in _NARROW
-        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
-        original = numpy_dtype(facts.elem_type)
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype, original, read = compute.dtype, compute.original, compute.read
         outputs = dict(zip(("output", *self.extra_outputs), node.outputs, strict=False))
-
-        def read(name: str | None) -> Value | None:
-            tensor = node.tensor(name) if name else ""
-            if not tensor:
-                return None
-            value = b.input(tensor, original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
 
         s = read("input")
         assert s is not None
@@ -376,19 +368,19 @@ class EmbedLayerNormalization(Pattern[EmbedFacts]):
         return EmbedFacts(elem_type)
 
     def build(self, b: Builder, node: MatchedNode, facts: EmbedFacts) -> None:
-        narrow = facts.elem_type in _NARROW
-        dtype = np.dtype(np.float32) if narrow else numpy_dtype(facts.elem_type)
-        original = numpy_dtype(facts.elem_type)
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype, original = compute.dtype, compute.original
         outputs = dict(zip(("output", "mask_index", "sum"), node.outputs, strict=False))
         ids = b.input(node.tensor("input_ids"), np.int32)
 
         def rows(table: str, indices: Value, hint: str) -> Value:
-            value = b.Gather(b.input(node.tensor(table), original), indices, axis=0, hint=hint)
-            return b.Cast(value, dtype, hint=f"{hint}_f32") if narrow else value
+            return compute.cast(b.Gather(b.input(node.tensor(table), original), indices,
+                                         axis=0, hint=hint), hint)
 
         def vector(name: str) -> Value:
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+            value = compute.read(name)
+            assert value is not None  # a required input
+            return value
 
         s = rows("word_embedding", ids, "words")
         if node.tensor("position_ids"):

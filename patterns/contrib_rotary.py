@@ -34,12 +34,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import I64, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from ._compute import ComputeType
 from ._sampling import positions
 
 MS = frozenset({"com.microsoft"})
@@ -106,13 +107,13 @@ class RotaryEmbedding(Pattern[Facts]):
         return Facts(elem_type, len(shape), head, rotary, len(ids) == 1)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        narrow = facts.elem_type != TensorProto.FLOAT
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32)
+        compute = ComputeType(b, node, facts.elem_type)
+        narrow, original = compute.narrow, compute.original
 
         def read(name: str) -> Value:
-            value = b.input(node.tensor(name), original)
-            return b.Cast(value, dtype, hint=f"{name}_f32") if narrow else value
+            value = compute.read(name)
+            assert value is not None  # a required input
+            return value
 
         x = read("input")
         rotary, head = facts.rotary, facts.head

@@ -108,6 +108,26 @@ def compare(got: list[np.ndarray], want: list[np.ndarray], atol: float, label: s
     return max(float(np.max(np.abs(g - w))) for g, w in zip(got, want, strict=True))
 
 
+def time_row(row: dict, variants: Mapping[str, Callable[[], object]], rounds: int) -> None:
+    """Time the variants (ort_fused, ort_decomposed, and ov_fused / ov_decomposed where
+    OpenVINO runs them) in interleaved rounds; medians and ratios into ``row``."""
+    _, times, ratios = interleaved_rounds(variants, "ort_fused", rounds, time_calls)
+    row["ms"] = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+    row["ratio"]["ort_decomposed/ort_fused"] = statistics.median(ratios["ort_decomposed"])
+    if {"ov_fused", "ov_decomposed"} <= variants.keys():
+        row["ratio"]["ov_decomposed/ov_fused"] = statistics.median(
+            d / f for d, f in zip(times["ov_decomposed"], times["ov_fused"], strict=True))
+    row["times_ms"] = {name: [s * 1e3 for s in t] for name, t in times.items()}
+
+
+def cell(row: dict, key: str, suffix: str = "") -> str:
+    """A table cell: a median in ms or a ratio, "fails" or "-"."""
+    if key in row["failed"]:
+        return "fails"
+    value = row["ms"].get(key, row["ratio"].get(key))
+    return "-" if value is None else f"{value:.2f}{suffix}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7)
@@ -161,20 +181,8 @@ def main(argv: list[str] | None = None) -> int:
                 row["max_abs_diff"][name] = compare(runner.results(), want, 1e-3,
                                                     f"{name} vs fused on ONNX Runtime")
                 variants[name] = runner
-        _, times, ratios = interleaved_rounds(variants, "ort_fused", args.rounds, time_calls)
-        row["ms"] = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        row["ratio"]["ort_decomposed/ort_fused"] = statistics.median(ratios["ort_decomposed"])
-        if {"ov_fused", "ov_decomposed"} <= variants.keys():
-            row["ratio"]["ov_decomposed/ov_fused"] = statistics.median(
-                d / f for d, f in zip(times["ov_decomposed"], times["ov_fused"], strict=True))
-        row["times_ms"] = {name: [s * 1e3 for s in t] for name, t in times.items()}
+        time_row(row, variants, args.rounds)
         rows.append(row)
-
-    def cell(row: dict, key: str, suffix: str = "") -> str:
-        if key in row["failed"]:
-            return "fails"
-        value = row["ms"].get(key, row["ratio"].get(key))
-        return "-" if value is None else f"{value:.2f}{suffix}"
 
     print(f"\nBERT-base-like, {args.layers} layers, batch 1, {args.threads} thread(s), "
           f"median of {args.rounds} interleaved rounds\n")

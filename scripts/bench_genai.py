@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -33,11 +32,17 @@ import onnx
 import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_contrib_models import OpenVinoRunner, contrib_counts, fused_back_by_ort  # noqa: E402
+from bench_contrib_models import (  # noqa: E402
+    OpenVinoRunner,
+    cell,
+    contrib_counts,
+    fused_back_by_ort,
+    time_row,
+)
 
 import decomposer  # noqa: E402
 
-from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
+from benchlib import OrtRunner  # noqa: E402
 
 STEPS = (("prompt 128", 128, 0), ("prompt 512", 512, 0), ("decode after 512", 1, 512))
 
@@ -134,20 +139,8 @@ def main(argv: list[str] | None = None) -> int:
                     for g, w in zip(results, want, strict=True):
                         np.testing.assert_allclose(g, w, atol=1e-3, rtol=1e-3, err_msg=name)
                 variants[name] = runner
-        _, times, ratios = interleaved_rounds(variants, "ort_fused", args.rounds, time_calls)
-        row["ms"] = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-        row["ratio"]["ort_decomposed/ort_fused"] = statistics.median(ratios["ort_decomposed"])
-        if {"ov_fused", "ov_decomposed"} <= variants.keys():
-            row["ratio"]["ov_decomposed/ov_fused"] = statistics.median(
-                d / f for d, f in zip(times["ov_decomposed"], times["ov_fused"], strict=True))
-        row["times_ms"] = {name: [s * 1e3 for s in t] for name, t in times.items()}
+        time_row(row, variants, args.rounds)
         rows.append(row)
-
-    def cell(row: dict, key: str, suffix: str = "") -> str:
-        if key in row["failed"]:
-            return "fails"
-        value = row["ms"].get(key, row["ratio"].get(key))
-        return "-" if value is None else f"{value:.2f}{suffix}"
 
     print(f"\n{args.model.name}, batch 1, {args.threads} thread(s), median of {args.rounds} "
           f"interleaved rounds\n")
