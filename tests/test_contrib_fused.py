@@ -150,6 +150,26 @@ def test_fused_conv(activation, with_z):
     _check(model, feeds, want, 2e-5)
 
 
+def test_float16_against_the_kernels():
+    """ONNX Runtime has float16 kernels for FusedMatMul and FusedConv (not FusedGemm)."""
+    rng = np.random.default_rng(8)
+    a = rng.standard_normal((2, 3, 8)).astype(np.float16)
+    b = rng.standard_normal((5, 8)).astype(np.float16)
+    model, feeds = _node_model("FusedMatMul", [("A", a), ("B", b)], {"transB": 1,
+                                                                     "alpha": 0.5})
+    _check(model, feeds, (0.5 * _t(a) @ _t(b).T).numpy(), 2e-2)
+    x = rng.standard_normal((1, 2, 6, 5)).astype(np.float16)
+    w = rng.standard_normal((4, 2, 3, 3)).astype(np.float16)
+    model, feeds = _node_model("FusedConv", [("X", x), ("W", w)],
+                               {"activation": "Relu", "kernel_shape": [3, 3]})
+    model.graph.initializer.append(onnx.numpy_helper.from_array(w, "W"))
+    del feeds["W"]
+    kept = [i for i in model.graph.input if i.name != "W"]
+    del model.graph.input[:]
+    model.graph.input.extend(kept)
+    _check(model, feeds, torch.relu(F.conv2d(_t(x), _t(w))).numpy(), 3e-2)
+
+
 @pytest.mark.parametrize("pattern, cases", [
     (FusedMatMul(), [Case([np.random.default_rng(1).standard_normal(s).astype(np.float32)
                            for s in [(2, 3, 4), (2, 5, 4)]],

@@ -1,9 +1,9 @@
 """ONNX Runtime's MultiHeadAttention, decomposed: against ONNX Runtime's own CPU kernel and
 against torch's ``F.scaled_dot_product_attention`` (float64, the additive mask built from
 the same rules), for separate Q/K/V with and without bias, key padding masks of each form,
-attention bias, past/present and unidirectional, key and value split into heads (4-D), and
-the packed QKV / KV forms (torch only: ONNX Runtime has them on CUDA only), at two sizes with
-dynamic dims."""
+attention bias, past/present and unidirectional, float16, key and value split into heads
+(4-D), and the packed QKV / KV forms (torch only: ONNX Runtime has them on CUDA only), at
+two sizes with dynamic dims."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from _helpers import make_model, run_onnxruntime
 HEADS, HIDDEN, VALUE = 2, 8, 6
 
 
-def _model(inputs_present, outputs=1, attrs=None):
+def _model(inputs_present, outputs=1, attrs=None, elem=TensorProto.FLOAT):
     names = ["query", "key", "value", "bias", "mask", "attention_bias", "past_key",
              "past_value"]
     dims = {"query": ["B", "S", HIDDEN], "key": ["B", "L", HIDDEN],
@@ -39,18 +39,17 @@ def _model(inputs_present, outputs=1, attrs=None):
         if name == "mask":
             kind = inputs_present["mask"]
             total = "T" if "past_key" in inputs_present else "L"  # the keys' own symbol
-            elem, shape = TensorProto.INT32, {"lengths": ["B"], "raw2": ["B", total],
-                                              "raw3": ["B", "S", total]}[kind]
+            shape = {"lengths": ["B"], "raw2": ["B", total], "raw3": ["B", "S", total]}[kind]
+            inputs.append(helper.make_tensor_value_info(name, TensorProto.INT32, shape))
         else:
-            elem, shape = TensorProto.FLOAT, dims[name]
-        inputs.append(helper.make_tensor_value_info(name, elem, shape))
+            inputs.append(helper.make_tensor_value_info(name, elem, dims[name]))
     while node_inputs[-1] == "":
         node_inputs.pop()
-    outs = [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["B", "S", VALUE])]
+    outs = [helper.make_tensor_value_info("output", elem, ["B", "S", VALUE])]
     if outputs == 3:
-        outs += [helper.make_tensor_value_info("present_key", TensorProto.FLOAT,
+        outs += [helper.make_tensor_value_info("present_key", elem,
                                                ["B", HEADS, "T", HIDDEN // HEADS]),
-                 helper.make_tensor_value_info("present_value", TensorProto.FLOAT,
+                 helper.make_tensor_value_info("present_value", elem,
                                                ["B", HEADS, "T", VALUE // HEADS])]
     node = helper.make_node("MultiHeadAttention", node_inputs, [o.name for o in outs],
                             name="mha", domain="com.microsoft", num_heads=HEADS,
@@ -147,6 +146,23 @@ def test_matches_the_kernel_and_torch(present, outputs, attrs, monkeypatch):
             want = _torch(feeds, present, bool(attrs.get("unidirectional")))
             for g, w in zip(got, want, strict=False):
                 np.testing.assert_allclose(g, w, atol=2e-5, rtol=1e-4)
+
+
+def test_float16_against_the_kernel_and_torch():
+    rng = np.random.default_rng(12)
+    present = {"bias": 1, "mask": "raw2"}
+    model = _model(present, elem=TensorProto.FLOAT16)
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    for batch, seq, keys in [(2, 4, 5), (1, 3, 3)]:
+        feeds = {k: v.astype(np.float16) if v.dtype == np.float32 else v
+                 for k, v in _feeds(rng, present, batch, seq, keys, 0).items()}
+        (got,), (kernel,) = run_onnxruntime(out, feeds), run_onnxruntime(model, feeds)
+        assert got.dtype == kernel.dtype == np.float16
+        np.testing.assert_allclose(got.astype(np.float64), kernel.astype(np.float64),
+                                   atol=5e-3, rtol=5e-3)
+        np.testing.assert_allclose(got.astype(np.float64), _torch(feeds, present)[0],
+                                   atol=5e-3, rtol=5e-3)
 
 
 def _layout_model(layout, bias=False):
