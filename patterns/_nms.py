@@ -45,6 +45,19 @@ def below(threshold: float) -> float:
     return float(np.nextafter(np.float32(threshold), np.float32(-np.inf)))
 
 
+def select_candidates(b: Builder, scores: Value, threshold: float, background: int,
+                      classes: int) -> Value:
+    """``scores`` (B, N, C) float32 with those not above ``threshold`` and those of the
+    ``background`` class (when it is one of the C) set to DROPPED."""
+    kept = b.Where(b.Greater(scores, np.array(threshold, np.float32), hint="passes"),
+                   scores, np.array(DROPPED, np.float32), hint="candidates")
+    if 0 <= background < classes:
+        foreground = np.ones((1, 1, classes), bool)
+        foreground[..., background] = False
+        kept = b.Where(foreground, kept, np.array(DROPPED, np.float32), hint="foreground")
+    return kept
+
+
 def keep_top(b: Builder, scores: Value, k: int, size: int | None, rank: int, hint: str
              ) -> Value:
     """``scores`` (..., L) of ``rank`` with all but the ``k`` highest of each last-axis row

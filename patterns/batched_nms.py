@@ -72,7 +72,17 @@ from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from ._nms import DROPPED, Top, gather_rows, greedy_nms, iou, keep_top, suppress, take_top
+from ._nms import (
+    DROPPED,
+    Top,
+    gather_rows,
+    greedy_nms,
+    iou,
+    keep_top,
+    select_candidates,
+    suppress,
+    take_top,
+)
 
 _TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
 TENSORRT_TOPK_LIMIT = 4096  # batchedNMSPlugin.cpp: maxTopK{512 * 8}
@@ -195,15 +205,8 @@ class _BatchedNMS(Pattern[Facts]):
             boxes = b.Concat(b.Min(first, second, hint="low"),
                              b.Add(b.Max(first, second, hint="high"), np.array(1, np.float32),
                                    hint="high_inclusive"), axis=axis, hint="inclusive_boxes")
-        candidates = b.Where(b.Greater(scores, np.array(args["score_threshold"], np.float32),
-                                       hint="passes"),
-                             scores, np.array(DROPPED, np.float32), hint="candidates")
-        background = int(args["background"])
-        if 0 <= background < facts.classes:
-            foreground = np.ones((1, 1, facts.classes), bool)
-            foreground[..., background] = False
-            candidates = b.Where(foreground, candidates, np.array(DROPPED, np.float32),
-                                 hint="foreground")
+        candidates = select_candidates(b, scores, float(args["score_threshold"]),
+                                       int(args["background"]), facts.classes)
         most = facts.keep if facts.topk is None else min(facts.topk, facts.keep)
         if facts.topk is not None:
             by_class = b.Transpose(candidates, [0, 2, 1], hint="candidates_by_class")

@@ -69,7 +69,17 @@ from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from ._nms import DROPPED, below, gather_rows, greedy_nms, iou, keep_top, suppress, take_top
+from ._nms import (
+    DROPPED,
+    below,
+    gather_rows,
+    greedy_nms,
+    iou,
+    keep_top,
+    select_candidates,
+    suppress,
+    take_top,
+)
 
 CANDIDATE_CAP = 5000  # efficientNMSPlugin.cpp initialize(): numSelectedBoxes on most devices
 _TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16)
@@ -188,15 +198,8 @@ class EfficientNMS(Pattern[Facts]):
         boxes = b.Cast(raw_boxes, f32, hint="boxes_f32") if narrow else raw_boxes
         corners, decoded = _decode(b, boxes, read("anchors") if facts.anchors else None,
                                    bool(args["box_coding"]), facts.per_class_boxes)
-        candidates = b.Where(b.Greater(scores, np.array(below(score_cut(args, facts.elem_type)),
-                                                        np.float32), hint="passes"),
-                             scores, np.array(DROPPED, np.float32), hint="candidates")
-        background = int(args["background_class"])
-        if 0 <= background < facts.classes:
-            foreground = np.ones((1, 1, facts.classes), bool)
-            foreground[..., background] = False
-            candidates = b.Where(foreground, candidates, np.array(DROPPED, np.float32),
-                                 hint="foreground")
+        candidates = select_candidates(b, scores, below(score_cut(args, facts.elem_type)),
+                                       int(args["background_class"]), facts.classes)
         flat = b.Reshape(candidates, b.Concat(b.Shape(scores, 0, 1, hint="batch"),
                                               np.array([-1], np.int64), axis=0,
                                               hint="flat_target"), hint="flat_candidates")
