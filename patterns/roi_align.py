@@ -179,11 +179,7 @@ class _RoiAlign(Pattern[Facts]):
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
-        x = ctx.shape(node.tensor("X"))
-        rois = ctx.shape(node.tensor("rois"))
-        return [(facts.elem_type, [rois[0] if rois else None, x[1] if x else None,
-                                   int(node.args["output_height"]),
-                                   int(node.args["output_width"])])]
+        return [pooled_type(node, ctx, facts.elem_type)]
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
                 ) -> list[np.ndarray]:
@@ -251,6 +247,13 @@ class TensorRTRoiAlign(_RoiAlign):
 
 
 # -- numpy reference: mmcv's roi_align kernel (and the weighted-corner max), float64 -----
+
+def pooled_type(node: MatchedNode, ctx: MatchContext, elem_type: int) -> OutputType:
+    """(R, C, output_height, output_width) from the rois (R, ...) and X (N, C, H, W)."""
+    x, rois = ctx.shape(node.tensor("X")), ctx.shape(node.tensor("rois"))
+    return (elem_type, [rois[0] if rois else None, x[1] if x else None,
+                        int(node.args["output_height"]), int(node.args["output_width"])])
+
 
 def mmcv_bilinear_terms(image: np.ndarray, y: float, x: float) -> list[tuple[float, np.ndarray]]:
     """(weight, C-vector) of the four corners of one sample, mmcv's border rule: outside

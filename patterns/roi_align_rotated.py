@@ -45,7 +45,7 @@ from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from .roi_align import mmcv_bilinear_terms
+from .roi_align import mmcv_bilinear_terms, pooled_type
 
 _TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT)
 
@@ -174,10 +174,7 @@ class RoIAlignRotated(Pattern[Facts]):
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
-        x, rois = ctx.shape(node.tensor("X")), ctx.shape(node.tensor("rois"))
-        return [(facts.elem_type, [rois[0] if rois else None, x[1] if x else None,
-                                   int(node.args["output_height"]),
-                                   int(node.args["output_width"])])]
+        return [pooled_type(node, ctx, facts.elem_type)]
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
                 ) -> list[np.ndarray]:
