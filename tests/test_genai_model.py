@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from bench_genai import with_exact_matmuls
 
 import decomposer
 
@@ -30,16 +31,6 @@ LAYERS, KV_HEADS, HEAD, VOCAB = 2, 2, 16, 256
 
 def _builder_model(precision: str) -> onnx.ModelProto:
     return onnx.load(DATA / f"genai_llama_{precision}" / "model.onnx")  # weights in memory
-
-
-def _exact(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    for node in copy.graph.node:
-        for attribute in node.attribute:
-            if node.op_type == "MatMulNBits" and attribute.name == "accuracy_level":
-                attribute.i = 0
-    return copy
 
 
 def _step(rng, batch, sequence, past, buffer=None, mask=None):
@@ -81,7 +72,7 @@ def test_builder_model_decomposes_and_matches(precision):
                for node in out.graph.node)
     onnx.checker.check_model(out, full_check=True)
     names = [o.name for o in out.graph.output]
-    oracle = _exact(model)
+    oracle = with_exact_matmuls(model)
     rng = np.random.default_rng(0)
     worst = 0.0
     # A growing cache: a prompt of 5 (batch 2), then one token.
@@ -108,7 +99,7 @@ def test_builder_model_decomposes_and_matches(precision):
 def portability_cases():
     """The int4 builder model: a prompt (batch 2) and a decode step with a growing cache."""
     model = _builder_model("int4")
-    oracle = _exact(model)
+    oracle = with_exact_matmuls(model)
     rng = np.random.default_rng(3)
     first = _step(rng, 2, 5, 0)
     names = [o.name for o in model.graph.output]
