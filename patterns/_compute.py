@@ -5,7 +5,9 @@ In: a builder, a matched node and the element type of its floating-point inputs.
 :class:`ComputeType`: ``narrow`` (float16 or bfloat16, computed in float32 and rounded
 once at the end, as ONNX Runtime's kernels accumulate), ``original`` and ``dtype`` (numpy
 types of the node's tensors and of the computation), and :meth:`ComputeType.read`, an input
-by name cast to the computation type (None when the node leaves it out).
+by name cast to the computation type (None when the node leaves it out), and
+:meth:`ComputeType.direct` / :meth:`ComputeType.finish`, which write a result computed in
+that type to one of the node's outputs (rounded by a Cast when narrow).
 """
 
 from __future__ import annotations
@@ -38,3 +40,14 @@ class ComputeType:
         if not tensor:
             return None
         return self.cast(self.b.input(tensor, self.original), name or tensor)
+
+    def direct(self, out: str) -> str | None:
+        """``out`` when a value computed in the computation type may write it itself (not
+        narrow), else None (:meth:`finish` then rounds into it)."""
+        return None if self.narrow or not out else out
+
+    def finish(self, value: Value, out: str) -> None:
+        """Round ``value`` to the node's type into output ``out``, unless :meth:`direct`
+        let it write there."""
+        if self.narrow and out:
+            self.b.Cast(value, self.original, out=out)

@@ -164,8 +164,7 @@ class Attention(Pattern[Facts]):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         compute = ComputeType(b, node, facts.elem_type)
-        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
-                                         compute.read)
+        dtype, read = compute.dtype, compute.read
 
         x, weights, bias = read("input"), read("weights"), read("bias")
         assert x is not None and weights is not None
@@ -192,9 +191,8 @@ class Attention(Pattern[Facts]):
         if outputs[1]:
             present = b.Concat(b.Unsqueeze(k, [0], hint="k_present"),
                                b.Unsqueeze(v, [0], hint="v_present"), axis=0,
-                               hint="present", out=None if narrow else outputs[1])
-            if narrow:
-                b.Cast(present, original, out=outputs[1])
+                               hint="present", out=compute.direct(outputs[1]))
+            compute.finish(present, outputs[1])
         scores = b.Mul(b.MatMul(q, b.Transpose(k, [0, 1, 3, 2], hint="k_t"), hint="qk"),
                        np.asarray(facts.scale, dtype), hint="scores")
         for term in self._additive_terms(b, node, facts, x, k, dtype, read):
@@ -204,10 +202,8 @@ class Attention(Pattern[Facts]):
                                 hint="output_shape")
         context = b.Transpose(b.MatMul(probs, v, hint="context"), [0, 2, 1, 3],
                               hint="context_bsnh")
-        y = b.Reshape(context, merged_shape, hint="output",
-                      out=None if narrow else outputs[0])
-        if narrow:
-            b.Cast(y, original, out=outputs[0])
+        y = b.Reshape(context, merged_shape, hint="output", out=compute.direct(outputs[0]))
+        compute.finish(y, outputs[0])
 
     @staticmethod
     def _additive_terms(b: Builder, node: MatchedNode, facts: Facts, x: Value, k: Value,

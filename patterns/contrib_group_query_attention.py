@@ -215,8 +215,7 @@ class GroupQueryAttention(Pattern[Facts]):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         compute = ComputeType(b, node, facts.elem_type)
-        narrow, dtype, original, read = (compute.narrow, compute.dtype, compute.original,
-                                         compute.read)
+        narrow, dtype, read = compute.narrow, compute.dtype, compute.read
         heads, kv_heads, head = facts.heads, facts.kv_heads, facts.head
         i64 = np.dtype(np.int64)
 
@@ -369,9 +368,8 @@ class GroupQueryAttention(Pattern[Facts]):
             if out:
                 present = rows if capacity is None else \
                     b.Slice(rows, [0], capacity, [2], hint=f"present_{label}",
-                            out=None if narrow else out)
-                if narrow:
-                    b.Cast(present, original, out=out)
+                            out=compute.direct(out))
+                compute.finish(present, out)
             return rows
 
         present_k = cache(stacked_k, "k", outputs[1])
@@ -450,9 +448,8 @@ class GroupQueryAttention(Pattern[Facts]):
         context = b.Transpose(context, [0, 3, 1, 2, 4], hint="context_bsnh")  # (B, S, Nk, G, h)
         merged = b.Concat(rows, np.array([heads * head], np.int64), axis=0,
                           hint="output_shape")
-        y = b.Reshape(context, merged, hint="output", out=None if narrow else outputs[0])
-        if narrow:
-            b.Cast(y, original, out=outputs[0])
+        y = b.Reshape(context, merged, hint="output", out=compute.direct(outputs[0]))
+        compute.finish(y, outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -220,9 +220,8 @@ class MultiHeadAttention(Pattern[Facts]):
                           np.array([facts.sizes[2]], np.int64), axis=0, hint="output_shape")
         context = b.Transpose(b.MatMul(probs, v, hint="context"), [0, 2, 1, 3],
                               hint="context_bsnh")
-        y = b.Reshape(context, merged, hint="output", out=None if narrow else outputs[0])
-        if narrow:
-            b.Cast(y, original, out=outputs[0])
+        y = b.Reshape(context, merged, hint="output", out=compute.direct(outputs[0]))
+        compute.finish(y, outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
