@@ -32,10 +32,13 @@ def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check:
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
     :class:`UnsupportedNodeError`; ``check`` runs ``onnx.checker`` (full_check) on the result.
     ``target`` is ``"portable"`` (the output runs on every engine; ONNX Runtime's contrib
-    ops count as unsupported) or ``"ort"`` (ONNX Runtime only: its contrib ops are kept and
-    patterns may choose forms tuned for it). ``lower`` names standard ONNX op types to
-    decompose too, where the opset defines them, for engines without a kernel for them
-    (``lower=[op_type, ...]``); each must be one a pattern rewrites (the error lists them).
+    ops count as unsupported), ``"ort"`` (ONNX Runtime only: its contrib ops are kept and
+    patterns may choose forms tuned for it) or ``"qdq"`` (as portable, but block-quantized
+    weights stay quantized behind a ``DequantizeLinear`` at opset 21+: for ONNX Runtime,
+    OpenVINO and TensorRT, whose low-bit kernels run it; not TVM or the converters).
+    ``lower`` names standard ONNX op types to decompose too, where the opset defines them,
+    for engines without a kernel for them (``lower=[op_type, ...]``); each must be one a
+    pattern rewrites (the error lists them).
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
                         check=check, target=target, lower=lower)
@@ -67,7 +70,8 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     model = load_model(src)
     try:
         out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                                 check=check, target=target, lower=lower)
+                                 check=check, target=target, lower=lower,
+                                 base_dir=Path(src).resolve().parent)
     except UnsupportedNodeError as exc:
         if isinstance(exc.report, Report):
             exc.report.input_path, exc.report.output_path = str(src), None

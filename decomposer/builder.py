@@ -1,6 +1,7 @@
 """Opset-aware construction of replacement subgraphs, written like the math.
 
-In: the model's default-domain opset, the output target (``"portable"`` or ``"ort"``), name
+In: the model's default-domain opset, the output target (``"portable"``, ``"ort"`` or
+``"qdq"``), name
 allocators, and the replaced node's name.
 Out: a list of standard ONNX ``NodeProto`` s (``Builder.nodes``), appended in topological
 order as a pattern calls the methods below.
@@ -32,7 +33,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 MIN_OPSET = 11
-TARGETS = ("portable", "ort")
+TARGETS = ("portable", "ort", "qdq")
 INT64_MAX = 2**63 - 1
 
 
@@ -174,7 +175,9 @@ class Builder:
 
     ``prefix`` (the replaced node's name) starts every new node and tensor name, so a reader
     of the output can tell where each node came from. ``target`` is ``"portable"`` (every
-    engine) or ``"ort"`` (ONNX Runtime-tuned forms allowed, see docs/portability.md).
+    engine), ``"ort"`` (ONNX Runtime-tuned forms allowed, see docs/portability.md) or
+    ``"qdq"`` (portable, except that quantized weights stay quantized behind a
+    ``DequantizeLinear``, for engines with low-bit kernels).
     Constants are shared with earlier replacements in the same graph through
     ``constant_pool``, but only those of a replacement that succeeded: the engine calls
     :meth:`commit` when it keeps the nodes.
@@ -202,6 +205,7 @@ class Builder:
         # decomposer.memo can replay the same naming for an identical node.
         self.bases: list[tuple[str, list[str | None]] | None] = []
         self._empty_constants: set[str] = set()  # names of size-0 constants (Concat skips)
+        self.initializers: list[onnx.TensorProto] = []  # weights (see weight())
         self._tensor_names = tensor_names
         self._node_names = node_names
         # Constants emitted earlier in the same graph (same pass) are reused, so a model with
@@ -273,6 +277,17 @@ class Builder:
         if array.size == 0:
             self._empty_constants.add(name)
         return Value(name, self, array.dtype)
+
+    def weight(self, tensor: onnx.TensorProto, hint: str = "weight") -> Value:
+        """An initializer holding ``tensor`` as given (e.g. packed int4), for weights: unlike
+        :meth:`const` it is neither pooled nor cached, so a large tensor is held once, and
+        it goes where engines and writers expect weights (a function body, which cannot
+        hold initializers, gets a ``Constant`` node instead: the engine moves it)."""
+        named = onnx.TensorProto()
+        named.CopyFrom(tensor)
+        named.name = self._tensor_names.fresh(f"{self.prefix}/{hint}")
+        self.initializers.append(named)
+        return Value(named.name, self, None)
 
     def ints(self, values: Sequence[int] | int, hint: str = "ints") -> Value:
         """An int64 constant: a 1-D tensor from a sequence, a scalar from an int."""

@@ -20,6 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from decomposer.graphs import all_graphs, externals_as_inputs, norm_domain
+from decomposer.modelio import read_external
 
 log = logging.getLogger("decomposer")
 
@@ -214,11 +215,12 @@ class NodeContext:
     """The :class:`decomposer.pattern.MatchContext` handed to ``Pattern.check``."""
 
     def __init__(self, scope: Scope, types: TypeTables, opset: int,
-                 target: str = "portable") -> None:
+                 target: str = "portable", base_dir: str | None = None) -> None:
         self._scope = scope
         self._types = types
         self.opset = opset
         self.target = target
+        self._base_dir = base_dir  # the model file's folder, for external weights
 
     def constant(self, name: str) -> np.ndarray | None:
         if not name:
@@ -233,6 +235,18 @@ class NodeContext:
                 return numpy_helper.to_array(source)
             return constant_node_value(source)
         except Exception:  # a malformed constant is simply not a usable constant
+            return None
+
+    def weight(self, name: str) -> np.ndarray | None:
+        source = self._scope.constant_source(name) if name else None
+        if not isinstance(source, onnx.TensorProto) \
+                or source.data_location != onnx.TensorProto.EXTERNAL:
+            return self.constant(name)
+        if self._base_dir is None:
+            return None
+        try:
+            return numpy_helper.to_array(read_external(source, self._base_dir))
+        except Exception:  # unreadable here: the pattern falls back as for a non-constant
             return None
 
     def shape(self, name: str) -> tuple[int | str | None, ...] | None:

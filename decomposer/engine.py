@@ -25,6 +25,7 @@ Neighbours: :mod:`decomposer.context` answers patterns' questions about the grap
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -87,8 +88,9 @@ class _Namespace:
 
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report,
-                 classifier: OpClassifier, target: str) -> None:
+                 classifier: OpClassifier, target: str, base_dir: str | None = None) -> None:
         self.registry = registry
+        self.base_dir = base_dir
         self.report = report
         self.types = TypeTables(model)
         self.classifier = classifier
@@ -146,7 +148,7 @@ class _Rewriter:
                    f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
             return None
         prefix = node.name or (node.output[0] if node.output else node.op_type)
-        context = NodeContext(scope, self.types, opset, self.target)
+        context = NodeContext(scope, self.types, opset, self.target, self.base_dir)
         key = memo.key(pattern, form, node) if self.reuse else None
         for earlier in templates.get(key, ()) if key is not None else ():
             nodes = memo.replay(earlier, node, context, prefix, self.tensor_names,
@@ -182,6 +184,14 @@ class _Rewriter:
                    f"ops it becomes ({failure})")
             return None
         builder.commit()
+        if scope.is_function:  # a function body holds no initializers
+            builder.nodes[:0] = [onnx.helper.make_node("Constant", [], [weight.name],
+                                                       name=self.node_names.fresh(weight.name),
+                                                       value=weight)
+                                 for weight in builder.initializers]
+            builder.bases[:0] = [None] * len(builder.initializers)
+        else:
+            scope.graph.initializer.extend(builder.initializers)
         if key is not None:
             kept = memo.template(node, builder, recorder, declared)
             variants = templates.setdefault(key, [])
@@ -199,7 +209,10 @@ class _Rewriter:
         inputs = []
         pooled = builder.pool_constants(read - produced)
         pooled_names = {n.output[0] for n in pooled}
-        for name in sorted(read - produced - pooled_names):
+        for weight in builder.initializers:
+            inputs.append(onnx.helper.make_tensor_value_info(weight.name, weight.data_type,
+                                                             list(weight.dims)))
+        for name in sorted(read - produced - pooled_names - {w.name for w in inputs}):
             if self.types.is_non_tensor(scope.namespace, name):
                 return f"input '{name}' is not a tensor"
             tensor = self.types.tensor_type(scope.namespace, name)
@@ -269,8 +282,12 @@ def _has_candidate(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
 
 def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         allow_unsupported: bool = False, check: bool = True, target: str = "portable",
-        lower: Iterable[str] = ()) -> tuple[onnx.ModelProto, Report]:
+        lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None
+        ) -> tuple[onnx.ModelProto, Report]:
     """Rewrite ``model``; return the new model and the report. ``model`` is not mutated.
+
+    ``base_dir`` is the folder of the file ``model`` came from: a pattern that repacks
+    weights (``MatchContext.weight``) reads external ones from there.
 
     ``lower`` names standard default-domain op types to decompose even where the model's
     opset defines them (for an engine without a kernel for them); each must be an ONNX op
@@ -305,7 +322,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             if not _drop_stale_value_info(out, schema_classifier, report, set()):
                 raise
 
-    rewriter = _Rewriter(out, registry, report, classifier, target)
+    rewriter = _Rewriter(out, registry, report, classifier, target,
+                         None if base_dir is None else os.fspath(base_dir))
     main = _Namespace(list(all_nodes(model.graph)))
     functions = [_FunctionJob(function, opsets) for function in out.functions]
     # Passes: a node whose input types are only known once an upstream custom node is

@@ -62,6 +62,10 @@ class Recorder:
         answer: np.ndarray | None = self._ask("constant", name)
         return answer
 
+    def weight(self, name: str) -> np.ndarray | None:
+        answer: np.ndarray | None = self._ask("weight", name)
+        return answer
+
     def shape(self, name: str) -> tuple[int | str | None, ...] | None:
         answer: tuple[int | str | None, ...] | None = self._ask("shape", name)
         return answer

@@ -39,6 +39,10 @@ _COPY_CHUNK = 16 << 20
 _WRITEBACK_CHUNK = 64 << 20
 
 
+LARGE_INLINE = 1024  # bytes (onnx.save's size_threshold): an inline initializer this big goes
+# to the data file, when the model has one
+
+
 def load_model(path: str | os.PathLike[str]) -> onnx.ModelProto:
     """Parse ``path`` without reading external weights; raise InvalidModelError if unusable."""
     source = Path(path)
@@ -147,6 +151,26 @@ def _check_external_reference(tensor: TensorProto, model_dir: Path) -> Path:
     return target
 
 
+def read_external(tensor: TensorProto, model_dir: str | os.PathLike[str]) -> TensorProto:
+    """A copy of external ``tensor`` with its bytes read in (as ``raw_data``), from a file
+    checked like any external reference (inside ``model_dir``, no links, in range)."""
+    source = _check_external_reference(tensor, Path(model_dir))
+    info = _external_info(tensor)
+    offset = int(info.get("offset", "0"))
+    length = int(info["length"]) if "length" in info else os.stat(source).st_size - offset
+    with open(source, "rb") as handle:
+        handle.seek(offset)
+        data = handle.read(length)
+    if len(data) != length:
+        raise InvalidModelError(f"tensor '{tensor.name}': external data ends early")
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    del loaded.external_data[:]
+    loaded.data_location = TensorProto.DEFAULT
+    loaded.raw_data = data
+    return loaded
+
+
 def _has_inline_values(tensor: TensorProto) -> bool:
     return any(len(getattr(tensor, f)) for f in (
         "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data"))
@@ -158,10 +182,11 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike[str],
 
     External tensors are copied, in order, from their files under ``source_dir`` into one
     fresh data file next to ``path``, named ``<output file name>.<content hash>.data``, and
-    re-pointed at it. The data file is in place before the model file is replaced, so an
-    existing output is never paired with the wrong data; the data file the previous output
-    used is removed afterwards if it follows the same naming scheme. ``model`` itself is not
-    modified. The output folder must exist.
+    re-pointed at it; inline initializers of 1 KiB or more (weights a pattern repacked)
+    join them there, so the ``.onnx`` file stays small. The data file is in place before
+    the model file is replaced, so an existing output is never paired with the wrong data;
+    the data file the previous output used is removed afterwards if it follows the same
+    naming scheme. ``model`` itself is not modified. The output folder must exist.
     """
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
@@ -270,8 +295,7 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
             status = os.stat(source)
             offset = int(info.get("offset", "0"))
             length = int(info["length"]) if "length" in info else status.st_size - offset
-            # Keep the 4 KiB alignment onnx uses, so memory-mapping readers stay fast.
-            aligned = (position + 4095) // 4096 * 4096
+            aligned = _aligned(position)
             identity.update(repr((tensor.name, source.name, offset, length, status.st_size,
                                   status.st_mtime_ns, status.st_ino)).encode())
             with open(source, "rb") as handle:
@@ -282,6 +306,19 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
             del tensor.external_data[:]
             for key, value in [("location", placeholder), ("offset", str(aligned)),
                                ("length", str(length)), *kept]:
+                entry = tensor.external_data.add()
+                entry.key, entry.value = key, value
+        for tensor in _large_inline(model):
+            aligned = _aligned(position)
+            identity.update(hashlib.sha256(tensor.raw_data).digest())
+            view = memoryview(tensor.raw_data)
+            while view:  # pwrite may write less than asked (at most ~2 GiB per call)
+                view = view[os.pwrite(fd, view, aligned + len(tensor.raw_data) - len(view)):]
+            position = aligned + len(tensor.raw_data)
+            tensor.ClearField("raw_data")
+            tensor.data_location = TensorProto.EXTERNAL
+            for key, value in [("location", placeholder), ("offset", str(aligned)),
+                               ("length", str(position - aligned))]:
                 entry = tensor.external_data.add()
                 entry.key, entry.value = key, value
         os.ftruncate(fd, position)
@@ -297,6 +334,20 @@ def _write_external_data(model: onnx.ModelProto, source_dir: Path, folder: Path,
             if entry.key == "location":
                 entry.value = data_name
     return tmp_path, data_name
+
+
+def _aligned(position: int) -> int:
+    """The 4 KiB alignment onnx uses, so memory-mapping readers stay fast."""
+    return (position + 4095) // 4096 * 4096
+
+
+def _large_inline(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Initializers held inline in ``raw_data`` of at least ``LARGE_INLINE`` bytes, in model
+    order."""
+    for graph in all_graphs(model.graph):
+        for tensor in graph.initializer:
+            if len(tensor.raw_data) >= LARGE_INLINE:
+                yield tensor
 
 
 def _copy_range(src_fd: int, src_offset: int, dst_fd: int, dst_offset: int, length: int,

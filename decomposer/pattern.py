@@ -35,7 +35,7 @@ class MatchContext(Protocol):
     """What a pattern may ask the engine about the graph around a node.
 
     ``opset`` is the model's default-domain opset (the replacement's); ``target`` is
-    ``"portable"`` or ``"ort"`` (see :mod:`decomposer.builder`).
+    ``"portable"``, ``"ort"`` or ``"qdq"`` (see :mod:`decomposer.builder`).
     """
 
     opset: int
@@ -43,6 +43,11 @@ class MatchContext(Protocol):
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of tensor ``name`` if it is an initializer or Constant output."""
+
+    def weight(self, name: str) -> np.ndarray | None:
+        """Like :meth:`constant`, but also reads an initializer stored in the model's external
+        data file (when the model came from a file): for a pattern that rewrites weights
+        themselves (a repacking), not for one that merely inspects small constants."""
 
     def shape(self, name: str) -> tuple[int | str | None, ...] | None:
         """Static shape of ``name`` (ints, symbolic names, or None per dim); None if unknown."""

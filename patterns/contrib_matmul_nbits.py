@@ -31,6 +31,25 @@ When B, scales and zero_points are initializers an engine folds the dequantizati
 the weights stay packed in the file. Envelope: opsets 11+ (bfloat16 13+); bits 2, 4, 8
 (values that do not fill bytes evenly, 3 and 5-7, are refused: their packing across bytes
 is not pinned); K, N, block_size static; A's leading dims dynamic.
+
+Target ``qdq`` (opset 21+, 4 or 8 bits, B, scales and any zero points constant, the zero
+points packed or absent; else the form above) keeps the weights quantized, repacked once
+at decompose time (external ones read from the model's data file)::
+
+    W^T = DequantizeLinear(Wq^T, scales^T[, zero_points^T]; axis=0, block_size)  # (K, N)
+    Y   = MatMul(A, W^T) (+ bias)
+
+Wq^T is INT4 / INT8 holding ``q - 2^(bits-1)`` when the node has no zero points (the
+symmetric form, the only one TensorRT's IDequantizeLayer takes), else UINT4 / UINT8 with
+UINT4 / UINT8 zero points; scales become float32 (exact from float16 / bfloat16), so the
+arithmetic is the form above's. That (K, N) layout, axis 0, is what ONNX Runtime's
+DQMatMulToMatMulNBits fusion (optimization level extended or higher) turns back into its
+MatMulNBits kernel and what OpenVINO compiles to its int4 FullyConnected; both then
+quantize A to int8 by default (ONNX Runtime: session option
+``session.qdq_matmulnbits_accuracy_level``, default 4; OpenVINO:
+``DYNAMIC_QUANTIZATION_GROUP_SIZE``), as ``accuracy_level`` 4 lets the original kernel do;
+with those at 0 the output equals the kernel at ``accuracy_level`` 0. TVM 0.27 imports no
+INT4 initializer and no blocked DequantizeLinear, so ``portable`` keeps the float form.
 """
 
 from __future__ import annotations
@@ -38,6 +57,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
+import onnx
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
@@ -54,6 +74,8 @@ class Facts(NamedTuple):
     elem_type: int
     k_blocks: int
     packed_zero_points: bool
+    # Target qdq: W^T's quantized values, scales and zero points, blocked along K.
+    blocked: tuple[onnx.TensorProto, onnx.TensorProto, onnx.TensorProto | None] | None
 
 
 class MatMulNBits(Pattern[Facts]):
@@ -105,7 +127,11 @@ class MatMulNBits(Pattern[Facts]):
             require_type(ctx, node.tensor("bias"), "bias", (elem_type,))
         if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
             raise Reject("bfloat16 needs opset 13")
-        return Facts(elem_type, k_blocks, packed)
+        blocked = None
+        if ctx.target == "qdq" and ctx.opset >= 21 and bits in (4, 8) and (
+                packed or not node.tensor("zero_points")):
+            blocked = _blocked_weights(ctx, node, bits, block, k, n)
+        return Facts(elem_type, k_blocks, packed, blocked)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         args = node.args
@@ -113,34 +139,10 @@ class MatMulNBits(Pattern[Facts]):
         f32 = np.dtype(np.float32)
         original = numpy_dtype(facts.elem_type)
         narrow = facts.elem_type != TensorProto.FLOAT
-        packed = b.Reshape(node.tensor("B"), np.array([n, -1], np.int64), hint="packed_rows")
-        q = _unpack(b, packed, bits, hint="q")  # (N, k_blocks * block_size)
-        if facts.k_blocks * block != k:
-            q = b.Slice(q, [0], [k], [1], hint="q_k")
-        scales = b.input(node.tensor("scales"), original)
-        scales = b.Reshape(scales, np.array([n, facts.k_blocks], np.int64), hint="scales_2d")
-        if narrow:
-            scales = b.Cast(scales, f32, hint="scales_f32")
-        zero: Value | np.ndarray
-        if node.tensor("zero_points"):
-            zero = b.input(node.tensor("zero_points"))
-            if facts.packed_zero_points:
-                zero = _unpack(b, b.Reshape(zero, np.array([n, -1], np.int64),
-                                            hint="zero_rows"), bits, hint="zero")
-                zero = b.Slice(zero, [0], [facts.k_blocks], [1], hint="zero_blocks")
-            else:
-                zero = b.Reshape(zero, np.array([n, facts.k_blocks], np.int64),
-                                 hint="zero_2d")
-            zero = b.Cast(zero, f32, hint="zero_f32")
+        if facts.blocked is not None:
+            weight_t = _dequantize_blocked(b, facts.blocked, block)
         else:
-            zero = np.array(2 ** (bits - 1), np.float32)
-        blocks = np.arange(k, dtype=np.int64) // block
-        scale_k = b.Gather(scales, blocks, axis=1, hint="scale_per_k")  # (N, K)
-        if isinstance(zero, Value):
-            zero = b.Gather(zero, blocks, axis=1, hint="zero_per_k")
-        weight = b.Mul(b.Sub(b.Cast(q, f32, hint="q_f32"), zero, hint="centered"), scale_k,
-                       hint="weight")  # (N, K)
-        weight_t = b.Transpose2D(weight, n, k, hint="weight_t")  # (K, N)
+            weight_t = _dequantize_elementwise(b, node, facts, bits, block, k, n)
         a = b.input(node.tensor("A"), original)
         if narrow:
             a = b.Cast(a, f32, hint="a_f32")
@@ -173,6 +175,97 @@ class MatMulNBits(Pattern[Facts]):
         if bias is not None:
             y = y + bias.astype(np.float64)
         return [y.astype(a.dtype)]
+
+
+def _dequantize_elementwise(b: Builder, node: MatchedNode, facts: Facts, bits: int,
+                            block: int, k: int, n: int) -> Value:
+    """W^T (K, N) float32 computed from B, scales and zero points in the graph."""
+    f32 = np.dtype(np.float32)
+    original = numpy_dtype(facts.elem_type)
+    narrow = facts.elem_type != TensorProto.FLOAT
+    packed = b.Reshape(node.tensor("B"), np.array([n, -1], np.int64), hint="packed_rows")
+    q = _unpack(b, packed, bits, hint="q")  # (N, k_blocks * block_size)
+    if facts.k_blocks * block != k:
+        q = b.Slice(q, [0], [k], [1], hint="q_k")
+    scales = b.input(node.tensor("scales"), original)
+    scales = b.Reshape(scales, np.array([n, facts.k_blocks], np.int64), hint="scales_2d")
+    if narrow:
+        scales = b.Cast(scales, f32, hint="scales_f32")
+    zero: Value | np.ndarray
+    if node.tensor("zero_points"):
+        zero = b.input(node.tensor("zero_points"))
+        if facts.packed_zero_points:
+            zero = _unpack(b, b.Reshape(zero, np.array([n, -1], np.int64),
+                                        hint="zero_rows"), bits, hint="zero")
+            zero = b.Slice(zero, [0], [facts.k_blocks], [1], hint="zero_blocks")
+        else:
+            zero = b.Reshape(zero, np.array([n, facts.k_blocks], np.int64),
+                             hint="zero_2d")
+        zero = b.Cast(zero, f32, hint="zero_f32")
+    else:
+        zero = np.array(2 ** (bits - 1), np.float32)
+    blocks = np.arange(k, dtype=np.int64) // block
+    scale_k = b.Gather(scales, blocks, axis=1, hint="scale_per_k")  # (N, K)
+    if isinstance(zero, Value):
+        zero = b.Gather(zero, blocks, axis=1, hint="zero_per_k")
+    weight = b.Mul(b.Sub(b.Cast(q, f32, hint="q_f32"), zero, hint="centered"), scale_k,
+                   hint="weight")  # (N, K)
+    return b.Transpose2D(weight, n, k, hint="weight_t")  # (K, N)
+
+
+def _blocked_weights(ctx: MatchContext, node: MatchedNode, bits: int, block: int, k: int,
+                     n: int) -> tuple[TensorProto, TensorProto, TensorProto | None] | None:
+    """W^T's quantized values (K, N), scales (k_blocks, N) float32 and zero points
+    (k_blocks, N) as DequantizeLinear-21 takes them (axis 0, ``block_size`` along K); None
+    unless B, scales and the zero points are constants (external ones read from the file)."""
+    raw, scales = ctx.weight(node.tensor("B")), ctx.weight(node.tensor("scales"))
+    zero_raw = ctx.weight(node.tensor("zero_points")) if node.tensor("zero_points") else None
+    if raw is None or scales is None or (node.tensor("zero_points") and zero_raw is None):
+        return None
+    k_blocks = -(-k // block)
+    q = _unpack_numpy(raw, n, bits)[:, :k].T  # (K, N)
+    scale_t = scales.astype(np.float32).reshape(n, k_blocks).T
+    if zero_raw is None:  # the implicit zero point 2^(bits-1): signed values, none stored
+        signed = q.astype(np.int16) - 2 ** (bits - 1)
+        values = _tensor(signed, TensorProto.INT4 if bits == 4 else TensorProto.INT8, bits)
+        zero = None
+    else:
+        values = _tensor(q, TensorProto.UINT4 if bits == 4 else TensorProto.UINT8, bits)
+        zero_t = _unpack_numpy(zero_raw, n, bits)[:, :k_blocks].T
+        zero = _tensor(zero_t, TensorProto.UINT4 if bits == 4 else TensorProto.UINT8, bits)
+    return values, onnx.numpy_helper.from_array(np.ascontiguousarray(scale_t)), zero
+
+
+def _dequantize_blocked(b: Builder, blocked: tuple[TensorProto, TensorProto,
+                                                   TensorProto | None], block: int) -> Value:
+    """W^T (K, N) float32 as one DequantizeLinear of the still-quantized weights."""
+    values, scales, zero = blocked
+    inputs = [b.weight(values, "weight_q"), b.weight(scales, "weight_scales")]
+    if zero is not None:
+        inputs.append(b.weight(zero, "weight_zero_points"))
+    return b.op("DequantizeLinear", *inputs, axis=0, block_size=block, hint="weight_t",
+                dtype=np.float32)
+
+
+def _unpack_numpy(raw: np.ndarray, rows: int, bits: int) -> np.ndarray:
+    """(rows, bytes) packed uint8, low bits first -> (rows, bytes * 8 / bits) uint8."""
+    packed = raw.reshape(rows, -1)
+    per = 8 // bits
+    values = [(packed >> (bits * i)) & (2 ** bits - 1) for i in range(per)]
+    return np.stack(values, -1).reshape(rows, -1).astype(np.uint8)
+
+
+def _tensor(values: np.ndarray, elem_type: int, bits: int) -> TensorProto:
+    """A TensorProto of ``values`` (4 bits: two per byte, the first in the low nibble, as
+    ONNX stores INT4/UINT4; 8 bits: one per byte) with raw data."""
+    flat = np.ascontiguousarray(values).reshape(-1).astype(np.int16) & (2 ** bits - 1)
+    if bits == 4:
+        if flat.size % 2:
+            flat = np.append(flat, 0)
+        flat = flat[0::2] | (flat[1::2] << 4)
+    tensor = TensorProto(data_type=elem_type, dims=values.shape)
+    tensor.raw_data = flat.astype(np.uint8).tobytes()
+    return tensor
 
 
 def _unpack(b: Builder, packed: Any, bits: int, hint: str) -> Value:

@@ -49,6 +49,8 @@ from .roi_align import mmcv_bilinear_terms, pooled_type
 
 _TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT)
 
+MAX_SAMPLES = 1 << 20  # per roi: (output_height x output_width) x sampling_ratio^2
+
 
 class Facts(NamedTuple):
     elem_type: int
@@ -77,6 +79,10 @@ class RoIAlignRotated(Pattern[Facts]):
         if args["sampling_ratio"] <= 0:
             raise Reject("an adaptive sampling_ratio (0) samples a different grid per roi; "
                          "only a fixed sampling_ratio > 0 is decomposed")
+        samples = args["output_height"] * args["output_width"] * args["sampling_ratio"] ** 2
+        if samples > MAX_SAMPLES:
+            raise Reject(f"{samples} samples per roi (output size x sampling_ratio^2) is over "
+                         f"{MAX_SAMPLES}: the sample grid is built as constants")
         elem_type = require_type(ctx, node.tensor("X"), "X", _TYPES)
         require_shape(ctx, node.tensor("X"), "X", "(N, C, H, W)", min_rank=4, max_rank=4)
         require_type(ctx, node.tensor("rois"), "rois", (elem_type,))

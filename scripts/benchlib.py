@@ -57,14 +57,18 @@ def time_calls(fn: Callable[[], object], repeat: int,
 class OrtRunner:
     """One ONNX Runtime CPU session set up for timing: ``threads`` intra-op threads, spinning
     off (it distorts 2-thread figures several-fold here), feeds pre-made as OrtValues (those
-    the model takes), and ``outputs`` (default: all) fetched per call."""
+    the model takes), ``outputs`` (default: all) fetched per call, and any further session
+    ``config`` entries."""
 
     def __init__(self, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray], threads: int,
-                 outputs: Sequence[str] | None = None) -> None:
+                 outputs: Sequence[str] | None = None,
+                 config: Mapping[str, str] | None = None) -> None:
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in (config or {}).items():
+            options.add_session_config_entry(key, value)
         options.log_severity_level = 4  # failures are raised and reported, not logged
         self.session = ort.InferenceSession(model.SerializeToString(), options,
                                             providers=["CPUExecutionProvider"])

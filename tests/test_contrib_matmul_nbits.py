@@ -1,15 +1,19 @@
 """ONNX Runtime's MatMulNBits, decomposed: against ONNX Runtime's own CPU kernel and against
 torch (the weights unpacked with torch's bit operations, dequantized and multiplied in
 float64), 2, 4 and 8 bits, zero points absent, packed and unpacked, K not a multiple of the
-block, bias, float16, dynamic leading dims."""
+block, bias, float16, dynamic leading dims. Under target ``qdq``: the weights stay 4/8-bit
+in a blocked DequantizeLinear (opset 21+), equal to the kernel with float32 activations,
+fused back into MatMulNBits by ONNX Runtime, read from and written to external data, run by
+OpenVINO; and the elementwise form where that cannot be written."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 
 import decomposer
 
@@ -36,7 +40,7 @@ def _torch_weight(packed, scales, zero_points, k, n, bits, block):
     return (q[:, :k].double() - zero[:, index]) * scale[:, index]
 
 
-def _case(rng, bits, block, k, n, zero_kind, bias, dtype=np.float32):
+def _case(rng, bits, block, k, n, zero_kind, bias, dtype=np.float32, opset=17):
     k_blocks = -(-k // block)
     arrays = {"B": rng.integers(0, 256, (n, k_blocks, block * bits // 8), dtype=np.uint8),
               "scales": rng.uniform(0.01, 0.1, (n, k_blocks)).astype(dtype)}
@@ -54,7 +58,7 @@ def _case(rng, bits, block, k, n, zero_kind, bias, dtype=np.float32):
     node = helper.make_node("MatMulNBits", names, ["Y"], name="linear", domain="com.microsoft",
                             K=k, N=n, bits=bits, block_size=block)
     model = make_model([node], [helper.make_tensor_value_info("A", elem, ["batch", "seq", k])],
-                       [helper.make_tensor_value_info("Y", elem, ["batch", "seq", n])], 17,
+                       [helper.make_tensor_value_info("Y", elem, ["batch", "seq", n])], opset,
                        extra_opsets=["com.microsoft"],
                        initializers=[onnx.numpy_helper.from_array(v, name)
                                      for name, v in arrays.items()])
@@ -68,27 +72,36 @@ def test_matches_the_kernel_and_torch(bits, block, k, n, zero_kind, bias):
     rng = np.random.default_rng(bits + block + k + n)
     model, arrays = _case(rng, bits, block, k, n, zero_kind, bias)
     out = decomposer.decompose(model)
+    _check(out, model, arrays, rng, (bits, block, k, n), run_onnxruntime)
+
+
+def _check(out, model, arrays, rng, sizes, run):
+    """``out`` passes the checker, is standard, and equals the kernel and torch."""
+    bits, block, k, n = sizes
     onnx.checker.check_model(out, full_check=True)
     assert all(node.domain in ("", "ai.onnx") for node in out.graph.node)
     weight = _torch_weight(arrays["B"], arrays["scales"], arrays.get("zp"), k, n, bits, block)
     for shape in [(2, 3, k), (1, 5, k)]:
         a = rng.standard_normal(shape).astype(np.float32)
-        (got,) = run_onnxruntime(out, {"A": a})
-        (kernel,) = run_onnxruntime(model, {"A": a})
+        (got,) = run(out, {"A": a})
+        (kernel,) = run(model, {"A": a})
         want = (torch.from_numpy(a.astype(np.float64)) @ weight.T).numpy()
-        if bias:
+        if "bias" in arrays:
             want = want + arrays["bias"]
         np.testing.assert_allclose(got, kernel, atol=1e-5, rtol=1e-5)
         np.testing.assert_allclose(got, want, atol=5e-5, rtol=1e-5)
 
 
-def test_float16():
+@pytest.mark.parametrize("target, opset", [("portable", 17), ("qdq", 21)])
+def test_float16(target, opset):
     rng = np.random.default_rng(3)
-    model, arrays = _case(rng, 4, 32, 64, 6, "packed", True, np.float16)
-    out = decomposer.decompose(model)
+    model, arrays = _case(rng, 4, 32, 64, 6, "packed", True, np.float16, opset=opset)
+    out = decomposer.decompose(model, target=target)
+    assert ("DequantizeLinear" in [node.op_type for node in out.graph.node]) == (
+        target == "qdq")
     a = rng.standard_normal((2, 2, 64)).astype(np.float16)
-    (got,) = run_onnxruntime(out, {"A": a})
-    (kernel,) = run_onnxruntime(model, {"A": a})
+    (got,) = _ort(out, {"A": a})
+    (kernel,) = _ort(model, {"A": a})
     assert got.dtype == np.float16
     np.testing.assert_allclose(got.astype(np.float32), kernel.astype(np.float32), atol=2e-2,
                                rtol=2e-2)
@@ -115,6 +128,128 @@ def test_rejections(change, message):
                 node.attribute.append(helper.make_attribute(name, value))
     with pytest.raises(decomposer.UnsupportedNodeError, match=message):
         decomposer.decompose(model)
+
+
+EXACT = {"session.qdq_matmulnbits_accuracy_level": "0"}  # no int8 activations when fused
+
+
+def _ort(model, feeds, config=EXACT, optimized=None):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    for key, value in config.items():
+        options.add_session_config_entry(key, value)
+    if optimized is not None:
+        options.optimized_model_filepath = str(optimized)
+    source = model if isinstance(model, str) else model.SerializeToString()
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"]).run(
+        None, feeds)
+
+
+@pytest.mark.parametrize("bits, block, k, n, zero_kind, bias, opset, stored", [
+    (4, 32, 64, 8, None, False, 21, TensorProto.INT4),
+    (4, 32, 70, 8, "packed", True, 22, TensorProto.UINT4),
+    (4, 16, 48, 6, "packed", False, 23, TensorProto.UINT4),
+    (8, 32, 64, 8, None, True, 21, TensorProto.INT8),
+    (8, 16, 48, 4, "packed", False, 24, TensorProto.UINT8)])
+def test_qdq_keeps_the_weights_quantized(tmp_path, bits, block, k, n, zero_kind, bias, opset,
+                                         stored):
+    rng = np.random.default_rng(bits * 7 + k + opset)
+    model, arrays = _case(rng, bits, block, k, n, zero_kind, bias, opset=opset)
+    out = decomposer.decompose(model, target="qdq")
+    (dequantize,) = [node for node in out.graph.node if node.op_type == "DequantizeLinear"]
+    values = next(init for init in out.graph.initializer if init.name == dequantize.input[0])
+    assert values.data_type == stored
+    assert list(values.dims) == [k, n]  # (K, N): what a MatMul's B takes
+    assert len(dequantize.input) == (3 if zero_kind else 2)
+    _check(out, model, arrays, rng, (bits, block, k, n), _ort)
+    _ort(out, {"A": np.zeros((1, 1, k), np.float32)}, optimized=tmp_path / "ort.onnx")
+    # The point of the target: ONNX Runtime runs it on its MatMulNBits kernel again.
+    fused = [node.op_type for node in onnx.load(tmp_path / "ort.onnx").graph.node]
+    assert "MatMulNBits" in fused and "DequantizeLinear" not in fused, fused
+
+
+@pytest.mark.parametrize("why", ["opset 20", "2 bits", "float zero points", "B fed at run time"])
+def test_qdq_falls_back_to_the_portable_form(why):
+    rng = np.random.default_rng(5)
+    bits, zero_kind = (2, "packed") if why == "2 bits" else (4, "unpacked") \
+        if why == "float zero points" else (4, "packed")
+    model, _ = _case(rng, bits, 32, 64, 4, zero_kind, False, opset=20 if why == "opset 20"
+                     else 21)
+    if why == "B fed at run time":
+        (index,) = [i for i, init in enumerate(model.graph.initializer) if init.name == "B"]
+        model.graph.input.append(helper.make_tensor_value_info(
+            "B", TensorProto.UINT8, list(model.graph.initializer[index].dims)))
+        del model.graph.initializer[index]
+    qdq = decomposer.decompose(model, target="qdq")
+    assert qdq.SerializeToString() == decomposer.decompose(model).SerializeToString()
+    assert "DequantizeLinear" not in [node.op_type for node in qdq.graph.node]
+
+
+def test_qdq_external_weights_and_openvino(tmp_path):
+    """A model whose weights live in an external data file (as the genai builder writes
+    them): read from it, repacked, and written to the output's data file."""
+    rng = np.random.default_rng(9)
+    model, arrays = _case(rng, 4, 32, 256, 64, "packed", True, opset=21)
+    onnx.save(onnx.ModelProto.FromString(model.SerializeToString()), tmp_path / "in.onnx",
+              save_as_external_data=True,
+              location="in.data", size_threshold=0)
+    report = decomposer.decompose_file(tmp_path / "in.onnx", tmp_path / "out.onnx",
+                                       target="qdq")
+    assert report.counts == {"MatMulNBits": 1}
+    out = onnx.load(tmp_path / "out.onnx", load_external_data=False)
+    assert "DequantizeLinear" in [node.op_type for node in out.graph.node]
+    assert len(out.SerializeToString()) < 4096  # the repacked weights went to the data file
+    onnx.checker.check_model(str(tmp_path / "out.onnx"), full_check=True)
+    a = rng.standard_normal((3, 2, 256)).astype(np.float32)
+    (kernel,) = _ort(model, {"A": a})
+    (got,) = _ort(str(tmp_path / "out.onnx"), {"A": a})
+    np.testing.assert_allclose(got, kernel, atol=1e-5, rtol=1e-5)
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(str(tmp_path / "out.onnx")), "CPU", {
+        "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+    np.testing.assert_allclose(compiled({"A": a})[0], kernel, atol=1e-4, rtol=1e-4)
+    # Run again on the output: nothing left to do, and nothing changes.
+    again = decomposer.decompose_file(tmp_path / "out.onnx", tmp_path / "again.onnx",
+                                      target="qdq")
+    assert not again.replaced
+
+
+def test_qdq_shared_weights_and_a_function_body():
+    """Two nodes reading one weight share one repacked initializer (the second replays the
+    first's build); a node in a model-local function, which cannot hold initializers, gets
+    its repacked weights as Constant nodes."""
+    rng = np.random.default_rng(12)
+    model, _ = _case(rng, 4, 32, 64, 8, "packed", False, opset=21)
+    first = model.graph.node[0]
+    second = helper.make_node("MatMulNBits", ["A", *first.input[1:]], ["Y2"], name="again",
+                              domain="com.microsoft")
+    second.attribute.extend(first.attribute)
+    model.graph.node.append(second)
+    model.graph.output.append(helper.make_tensor_value_info("Y2", TensorProto.FLOAT,
+                                                            ["batch", "seq", 8]))
+    out = decomposer.decompose(model, target="qdq")
+    onnx.checker.check_model(out, full_check=True)
+    assert [i.data_type for i in out.graph.initializer].count(TensorProto.UINT4) == 2
+    a = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    got, kernel = _ort(out, {"A": a}), _ort(model, {"A": a})
+    for g, k in zip(got, kernel, strict=True):
+        np.testing.assert_allclose(g, k, atol=1e-5, rtol=1e-5)
+
+    body = [helper.make_node("Constant", [], [init.name], value=init)
+            for init in model.graph.initializer] + [model.graph.node[0]]
+    function = helper.make_function("local", "Linear", ["A"], ["Y"], body, [
+        helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)])
+    function.value_info.append(model.graph.input[0])  # a body's types come from its own
+    caller = make_model([helper.make_node("Linear", ["A"], ["Y"], domain="local")],
+                        list(model.graph.input), [model.graph.output[0]], 21,
+                        extra_opsets=["com.microsoft", "local"], functions=[function])
+    out = decomposer.decompose(caller, target="qdq")
+    onnx.checker.check_model(out, full_check=True)
+    kinds = [node.op_type for node in out.functions[0].node]
+    assert "DequantizeLinear" in kinds and "MatMulNBits" not in kinds
+    np.testing.assert_allclose(_ort(out, {"A": a})[0], kernel[0], atol=1e-5, rtol=1e-5)
 
 
 def portability_cases():

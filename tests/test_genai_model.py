@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from bench_genai import with_exact_matmuls
 
@@ -94,6 +95,46 @@ def test_builder_model_decomposes_and_matches(precision):
         assert worst < 1e-4  # no MatMulNBits: the builder's own model is the oracle
     else:
         assert 1e-4 < worst < 0.05  # int8 activations at accuracy_level 4: close, not equal
+
+
+def test_builder_model_under_target_qdq(tmp_path):
+    """Target qdq keeps the int4 weights (DequantizeLinear-21 blocks, read from the builder's
+    external data file and written to the output's): exact on ONNX Runtime with float32
+    activations, which fuses them back into MatMulNBits; within int8-activation rounding of
+    the builder's model with each engine's defaults; exact on OpenVINO without them."""
+    report = decomposer.decompose_file(DATA / "genai_llama_int4" / "model.onnx",
+                                       tmp_path / "model.onnx", target="qdq")
+    assert report.counts["MatMulNBits"] == 4 * LAYERS + 3
+    path = str(tmp_path / "model.onnx")
+    out = onnx.load(path, load_external_data=False)
+    kinds = [node.op_type for node in out.graph.node]
+    assert kinds.count("DequantizeLinear") == 4 * LAYERS + 3
+    assert all(node.domain in ("", "ai.onnx") for node in out.graph.node)
+    onnx.checker.check_model(path, full_check=True)
+    model = _builder_model("int4")
+    oracle = with_exact_matmuls(model)
+    feeds = _step(np.random.default_rng(1), 2, 5, 0)
+    names = [o.name for o in out.graph.output]
+    want = run_onnxruntime(oracle, feeds)
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    options.optimized_model_filepath = str(tmp_path / "ort.onnx")
+    exact = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    for name, g, w in zip(names, exact.run(None, feeds), want, strict=True):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=name)
+    fused = [n.op_type for n in onnx.load(tmp_path / "ort.onnx").graph.node]
+    assert fused.count("MatMulNBits") == 4 * LAYERS + 3
+    default = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, feeds)
+    builder = run_onnxruntime(model, feeds)
+    assert float(np.abs(default[0] - builder[0]).max()) < 0.05
+    import openvino as ov
+
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(path), "CPU", {
+        "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+    results = compiled(feeds)
+    for index, (name, w) in enumerate(zip(names, want, strict=True)):
+        np.testing.assert_allclose(results[index], w, atol=1e-3, rtol=1e-3, err_msg=name)
 
 
 def portability_cases():

@@ -78,9 +78,12 @@ def test_matches_torch(aligned, clockwise, ratio, opset):
         np.testing.assert_allclose(ref, want, atol=1e-5)
 
 
-def test_adaptive_sampling_is_refused():
-    attrs = {"output_height": 2, "output_width": 2, "sampling_ratio": 0}
-    with pytest.raises(decomposer.UnsupportedNodeError, match="adaptive sampling_ratio"):
+@pytest.mark.parametrize("attrs, message", [
+    ({"output_height": 2, "output_width": 2, "sampling_ratio": 0}, "adaptive sampling_ratio"),
+    # found by scripts/fuzz.py: the sample grid of 2^32 rows would be built as constants
+    ({"output_height": 2 ** 32, "output_width": 2, "sampling_ratio": 1}, "samples per roi")])
+def test_refusals(attrs, message):
+    with pytest.raises(decomposer.UnsupportedNodeError, match=message):
         decomposer.decompose(_model(attrs))
 
 
