@@ -76,9 +76,10 @@ def _parser() -> argparse.ArgumentParser:
                              "Runtime, OpenVINO, TVM, TensorRT, converters) and ONNX "
                              "Runtime-only contrib ops count as unsupported; ort: ONNX Runtime "
                              "only (its contrib ops are kept; ORT-tuned forms where faster); "
-                             "qdq: as portable, but block-quantized weights (MatMulNBits) stay "
-                             "int4/int8 behind a DequantizeLinear at opset 21+, for ONNX "
-                             "Runtime, OpenVINO and TensorRT (not TVM or the converters)")
+                             "qdq: as portable, but block-quantized weights (ONNX Runtime's "
+                             "4-bit matmuls) stay int4/int8 behind a DequantizeLinear at "
+                             "opset 21+, for ONNX Runtime, OpenVINO and TensorRT (not TVM or "
+                             "the converters)")
     parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
                         help="also decompose these standard ONNX ops where the opset defines "
                              "them, for engines that lack them (an op onnx2torch or another "
