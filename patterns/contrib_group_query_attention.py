@@ -44,7 +44,8 @@ Before -> after::
       ->  Split -> Q, K, V;  RoPE(Q), RoPE(K) at positions P_b + s
           rows = Gather(Concat(past, K_new, zero row) flattened over (B, Nk),
                         the source row of each (b, n, j), j < L + S)
-          Softmax(Where(window, MatMul(Q grouped by KV head, rows^T) * scale, -inf))
+          Softmax(MatMul(Q grouped by KV head: (B, Nk, G S, h), rows^T) * scale
+                  + Where(window, 0, -inf))      # rank 4: OpenVINO fuses it
           -> MatMul(., V rows) -> heads merged;  present = rows[:, :, :C]
 
 ONNX's own Attention (opset 23) is not emitted: TVM 0.27's converter fails on it
@@ -229,6 +230,8 @@ class GroupQueryAttention(Pattern[Facts]):
             assert k_in is not None and v_in is not None
             q, k, v = query, k_in, v_in
         rows = b.Shape(query, 0, 2, hint="batch_sequence")  # [B, S]
+        batch_dim = b.Shape(query, 0, 1, hint="batch_dim")  # [B]
+        sequence_dim = b.Shape(query, 1, 2, hint="sequence_dim")  # [S]
 
         def split_heads(value: Value, count: int, label: str) -> Value:  # (B, S, n, h)
             target = b.Concat(rows, np.array([count, head], np.int64), axis=0,
@@ -254,8 +257,7 @@ class GroupQueryAttention(Pattern[Facts]):
                          b.Sub(lengths, sequence, hint="cached_if_not_prompt"),
                          hint="cached")  # P_b, (B,)
         cached_col = b.Unsqueeze(cached, [1], hint="cached_col")  # (B, 1)
-        steps = positions(b, b.Shape(query, 1, 2, hint="sequence_dim"), 0, i64,
-                          hint="steps")  # (S,)
+        steps = positions(b, sequence_dim, 0, i64, hint="steps")  # (S,)
         steps_row = b.Unsqueeze(steps, [0], hint="steps_row")  # (1, S)
 
         if facts.rotary:
@@ -344,9 +346,8 @@ class GroupQueryAttention(Pattern[Facts]):
         outputs = list(node.outputs) + ["", ""]
         # Flat row of (b, n, source): (b * Nk + n) * (R + 1) + source, (B, Nk, R); a Gather
         # of whole rows (not GatherND with batch_dims, which onnx2torch lacks).
-        pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, b.Shape(query, 0, 1, hint="batch_dim"),
-                                                  0, i64, hint="batch_index"), [1, 2],
-                                        hint="batch_b11"), np.asarray(kv_heads, i64),
+        pairs = b.Add(b.Mul(b.Unsqueeze(positions(b, batch_dim, 0, i64, hint="batch_index"),
+                                        [1, 2], hint="batch_b11"), np.asarray(kv_heads, i64),
                             hint="batch_first_head"),
                       np.arange(kv_heads, dtype=np.int64).reshape(1, kv_heads, 1),
                       hint="batch_head")  # (B, Nk, 1)
@@ -375,36 +376,39 @@ class GroupQueryAttention(Pattern[Facts]):
         present_k = cache(stacked_k, "k", outputs[1])
         present_v = cache(stacked_v, "v", outputs[2])
 
-        # Each KV head against its group of G query heads, in rank 5 so that no shape
-        # holds the run-time cache length C: Q (B, Nk, G, S, h) x K (B, Nk, 1, h, C).
+        # Each KV head against its group of G query heads in rank 4, the G heads' rows
+        # stacked: Q (B, Nk, G S, h) x K^T (B, Nk, h, C). Rank 4 with the mask added (not
+        # selected by a Where on the scores) is what OpenVINO compiles into its fused
+        # attention kernel, and both engines run an Add over the scores faster than a Where
+        # (docs/performance.md). G S is left to Reshape's -1: no shape is computed from it.
         group = heads // kv_heads
         q_heads = b.Transpose(q, [0, 2, 1, 3], hint="q_bnsh")  # (B, N, S, h)
         grouped = b.Reshape(q_heads, b.Concat(
-            b.Shape(query, 0, 1, hint="batch_dim"), np.array([kv_heads, group], np.int64),
-            b.Shape(query, 1, 2, hint="sequence_dim"), np.array([head], np.int64), axis=0,
-            hint="grouped_shape"), hint="q_grouped")
-        keys_t = b.Unsqueeze(b.Transpose(present_k, [0, 1, 3, 2], hint="k_t"), [2],
-                             hint="k_t_5d")  # (B, Nk, 1, h, C)
+            batch_dim, np.array([kv_heads, -1, head], np.int64),
+            axis=0, hint="grouped_shape"), hint="q_grouped")  # (B, Nk, G S, h)
+        keys_t = b.Transpose(present_k, [0, 1, 3, 2], hint="k_t")  # (B, Nk, h, C)
         scores = b.Mul(b.MatMul(grouped, keys_t, hint="qk"), np.asarray(facts.scale, dtype),
-                       hint="scores")  # (B, Nk, G, S, C)
+                       hint="scores")  # (B, Nk, G S, C)
         softcap = float(node.args["softcap"])
         if softcap > 0:
             scores = b.Mul(b.Tanh(b.Div(scores, np.asarray(softcap, dtype),
                                         hint="capped_in"), hint="capped"),
                            np.asarray(softcap, dtype), hint="softcapped")
         bias = read("attention_bias")
-        if bias is not None:  # (B|1, N|1, S, total) -> (B|1, Nk|1, G|1, S, C); the
-            # columns from the total to C are never visible
-            bias_heads = [kv_heads, group] if facts.bias_heads == heads else [1, 1]
-            bias = b.Reshape(bias, b.Concat(b.Shape(bias, 0, 1, hint="bias_batch"),
-                                            np.array(bias_heads, np.int64),
-                                            b.Shape(bias, 2, 4, hint="bias_rows"), axis=0,
-                                            hint="bias_5d_shape"), hint="bias_5d")
+        if bias is not None:  # (B|1, N|1, S, total) -> (B|1, Nk|1, G S, C); the columns
+            # from the total to C are never visible
+            if facts.bias_heads == heads:  # head n = k G + g: rows (g, s) stack in order
+                bias = b.Reshape(bias, b.Concat(b.Shape(bias, 0, 1, hint="bias_batch"),
+                                                np.array([kv_heads, -1], np.int64),
+                                                b.Shape(bias, 3, 4, hint="bias_width"),
+                                                axis=0, hint="bias_4d_shape"), hint="bias_4d")
+            elif group > 1:  # one head for all: the same rows for each of the G
+                bias = b.Tile(bias, np.array([1, 1, group, 1], np.int64), hint="bias_rows")
             width = b.Sub(b.Gather(b.Shape(present_k, hint="present_shape"), [2],
                                    hint="present_rows"),
-                          b.Gather(b.Shape(bias, hint="bias_shape"), [4], hint="bias_width"),
+                          b.Gather(b.Shape(bias, hint="bias_shape"), [3], hint="bias_width"),
                           hint="bias_gap")
-            pads = b.Concat(np.zeros(9, np.int64), width, axis=0, hint="bias_pads")
+            pads = b.Concat(np.zeros(7, np.int64), width, axis=0, hint="bias_pads")
             scores = b.Add(scores, b.Pad(bias, pads, hint="bias_to_capacity"),
                            hint="biased_scores")
         # Visible keys [e - W, e), e = min(P_b + s + 1, T_b) (causal) or T_b.
@@ -423,12 +427,22 @@ class GroupQueryAttention(Pattern[Facts]):
             start = b.Sub(end, np.asarray(window, i64), hint="window_start")
             visible = b.And(visible, b.Not(b.Less(key, start, hint="before_start"),
                                            hint="after_start"), hint="in_window")
-        visible = b.Unsqueeze(visible, [1, 2], hint="visible_5d")  # (B, 1, 1, S, C)
-        scores = b.Where(visible, scores, np.asarray(-np.inf, dtype), hint="masked_scores")
+        # 0 where visible, -inf elsewhere, (B, 1, G S, C) (causal) or (B, 1, 1, C): every
+        # row sees >= 1 key
+        mask = b.Unsqueeze(b.Where(visible, np.zeros((), dtype), np.asarray(-np.inf, dtype),
+                                   hint="mask"), [1], hint="mask_b1sc")
+        if group > 1 and node.args["causal"]:
+            mask = b.Tile(mask, np.array([1, 1, group, 1], np.int64), hint="mask_rows")
+        scores = b.Add(scores, mask, hint="masked_scores")
         sink = read("head_sink")
         if sink is not None or int(node.args["smooth_softmax"]) == 1:
             # A softmax with one more logit (head_sink[n], or 0): exp(x - M) / (sum + exp(
-            # extra - M)), M the larger of the row's max and the extra logit.
+            # extra - M)), M the larger of the row's max and the extra logit; in rank 5,
+            # (B, Nk, G, S, C), where the logit of head n = k G + g broadcasts over S.
+            shape_4d = b.Shape(scores, hint="scores_shape")
+            scores = b.Reshape(scores, b.Concat(
+                batch_dim, np.array([kv_heads, group], np.int64), sequence_dim,
+                np.array([-1], np.int64), axis=0, hint="scores_5d_shape"), hint="scores_5d")
             top = b.ReduceMax(scores, [-1], keepdims=True, hint="row_max")  # finite: >= 1 key
             if sink is None:
                 extra: Value | np.ndarray = np.zeros((1, 1, 1, 1, 1), dtype)
@@ -440,12 +454,16 @@ class GroupQueryAttention(Pattern[Facts]):
             denominator = b.Add(b.ReduceSum(weights, [-1], keepdims=True, hint="weight_sum"),
                                 b.Exp(b.Sub(extra, shift, hint="extra_shifted"),
                                       hint="extra_weight"), hint="denominator")
-            probs = b.Div(weights, denominator, hint="probs")
+            probs = b.Reshape(b.Div(weights, denominator, hint="probs_5d"), shape_4d,
+                              hint="probs")
         else:
             probs = b.Softmax(scores, -1, hint="probs")
-        values = b.Unsqueeze(present_v, [2], hint="v_5d")  # (B, Nk, 1, C, h)
-        context = b.MatMul(probs, values, hint="context")  # (B, Nk, G, S, h)
-        context = b.Transpose(context, [0, 3, 1, 2, 4], hint="context_bsnh")  # (B, S, Nk, G, h)
+        context = b.MatMul(probs, present_v, hint="context")  # (B, Nk, G S, h)
+        context = b.Transpose(b.Reshape(context, b.Concat(
+            batch_dim, np.array([heads], np.int64), sequence_dim,
+            np.array([head], np.int64),
+            axis=0, hint="context_shape"), hint="context_bnsh"), [0, 2, 1, 3],
+            hint="context_bsnh")  # (B, S, N, h)
         merged = b.Concat(rows, np.array([heads * head], np.int64), axis=0,
                           hint="output_shape")
         y = b.Reshape(context, merged, hint="output", out=compute.direct(outputs[0]))
