@@ -8,8 +8,9 @@ model's opset: the op, how many nodes, why (the evidence), and the ``--lower`` t
 ``decomposer/data/engine_support.json``, from which docs/portability.md's engine table is
 generated; ``tests/test_engine_support.py`` re-measures its ONNX Runtime, OpenVINO and TVM
 entries. Conditions an entry may carry: ``min_opset`` (the op's version at the model's
-opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant) or
-``mode_max`` (the node's ``mode`` attribute is "max").
+opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant),
+``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
+attribute is set: blocked quantization) or ``blocked_zero_point`` (that, with a zero point).
 """
 
 from __future__ import annotations
@@ -62,6 +63,11 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return len(node.input) > 1 and node.input[1] not in constants
     if when == "mode_max":
         return any(a.name == "mode" and a.s == b"max" for a in node.attribute)
+    blocked = any(a.name == "block_size" and a.i for a in node.attribute)
+    if when == "blocked":
+        return blocked
+    if when == "blocked_zero_point":
+        return blocked and len(node.input) > 2 and bool(node.input[2])
     return True
 
 
@@ -93,7 +99,9 @@ def table() -> str:
     lines = ["| engine | op | when | fix | evidence |", "|---|---|---|---|---|"]
     for entry in gaps():
         condition = {None: "always", "size_not_constant": "its size is not a constant",
-                     "mode_max": "`mode=\"max\"`"}[entry.get("when")]
+                     "mode_max": "`mode=\"max\"`", "blocked": "`block_size` set",
+                     "blocked_zero_point": "`block_size` set, with a zero point"
+                     }[entry.get("when")]
         if entry.get("min_opset"):
             condition = f"opset >= {entry['min_opset']}"
         fix = f"`--lower {entry['lower']}`" if entry.get("lower") else "none (no pattern)"

@@ -16,6 +16,7 @@ import torch
 from onnx import TensorProto, helper
 
 import decomposer
+from decomposer.engine_support import engine_gaps
 
 from _helpers import make_model, run_onnxruntime
 
@@ -161,6 +162,11 @@ def test_qdq_keeps_the_weights_quantized(tmp_path, bits, block, k, n, zero_kind,
     assert values.data_type == stored
     assert list(values.dims) == [k, n]  # (K, N): what a MatMul's B takes
     assert len(dequantize.input) == (3 if zero_kind else 2)
+    # `decomposer check --engines` names the engines that cannot run it
+    gaps = engine_gaps(out, ["ort", "openvino", "tvm", "tensorrt"])
+    assert [gap["op"] for gap in gaps["tvm"]] == ["DequantizeLinear"]
+    assert [gap["op"] for gap in gaps["tensorrt"]] == (["DequantizeLinear"] if zero_kind else [])
+    assert not gaps["ort"] and not gaps["openvino"]
     _check(out, model, arrays, rng, (bits, block, k, n), _ort)
     _ort(out, {"A": np.zeros((1, 1, k), np.float32)}, optimized=tmp_path / "ort.onnx")
     # The point of the target: ONNX Runtime runs it on its MatMulNBits kernel again.
