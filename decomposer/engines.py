@@ -3,9 +3,12 @@
 In: an engine name (a key of :data:`ENGINES`), an ``onnx.ModelProto`` and feeds (graph input
 name -> numpy array). Out: the model's outputs as numpy arrays, in graph-output order.
 
-- ``"ort"``: ONNX Runtime, CPU execution provider only (no custom-op libraries).
+- ``"ort"``: ONNX Runtime, CPU execution provider only (no custom-op libraries), with
+  ``session.qdq_matmulnbits_accuracy_level`` 0: a block-quantized DequantizeLinear + MatMul
+  it fuses keeps float32 activations (by default it would quantize them to int8).
 - ``"openvino"``: OpenVINO on CPU, compiled with ``INFERENCE_PRECISION_HINT=f32`` (it would
-  otherwise compute in bf16 on CPUs that have it). Dynamic shapes by default; with
+  otherwise compute in bf16 on CPUs that have it) and ``DYNAMIC_QUANTIZATION_GROUP_SIZE``
+  0 (no int8 activations for compressed weights). Dynamic shapes by default; with
   ``static_shapes=True`` the model is first reshaped to the feeds' shapes.
 - ``"tvm"``: ``tvm.relax.frontend.onnx`` compiled for ``llvm`` and run on the Relax VM. With
   ``static_shapes=True`` every input dim is fixed to the feeds'; otherwise the model's own
@@ -52,7 +55,9 @@ ENGINES: dict[str, EngineSpec] = {
     "tvm": EngineSpec("tvm", "apache-tvm", "Apache TVM (Relax, llvm)"),
 }
 
-OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
+OPENVINO_CONFIG = {"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"}
+# ONNX Runtime session entries: the definition's arithmetic, not a faster approximation.
+ORT_CONFIG = {"session.qdq_matmulnbits_accuracy_level": "0"}
 TVM_TARGET = "llvm"
 
 _IMPORTED: dict[str, Any] = {}  # engine name -> its imported module, or the import error
@@ -215,6 +220,8 @@ def _prepare_ort(model: onnx.ModelProto, data: bytes, feeds: Mapping[str, np.nda
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    for key, value in ORT_CONFIG.items():
+        options.add_session_config_entry(key, value)
     if static_shapes:
         data = with_static_inputs(model, feeds).SerializeToString()
     session = ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])

@@ -340,6 +340,8 @@ class _EngineSession:
         # fresh page faults there, well inside the time budget (scripts/bench_verify.py).
         options.enable_cpu_mem_arena = False
         options.enable_mem_pattern = False
+        for key, value in engine_registry.ORT_CONFIG.items():
+            options.add_session_config_entry(key, value)
         if self.base_dir is not None and _has_external_data(self.model):
             options.add_session_config_entry(
                 "session.model_external_initializers_file_folder_path", str(self.base_dir))

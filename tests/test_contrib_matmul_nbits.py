@@ -222,6 +222,20 @@ def test_qdq_external_weights_and_openvino(tmp_path):
     assert not again.replaced
 
 
+def test_qdq_verifies(tmp_path):
+    """--verify passes on the qdq form of a node whose accuracy_level lets the kernel use int8
+    activations: the verifier runs both models with ONNX Runtime's and OpenVINO's float32
+    arithmetic (without it, ONNX Runtime fuses the blocks at int8 and the check fails)."""
+    rng = np.random.default_rng(13)
+    model, _ = _case(rng, 4, 32, 256, 64, None, False, opset=21)
+    model.graph.node[0].attribute.append(helper.make_attribute("accuracy_level", 4))
+    onnx.save(model, tmp_path / "in.onnx")
+    report = decomposer.decompose_file(tmp_path / "in.onnx", tmp_path / "out.onnx",
+                                       target="qdq", verify=True,
+                                       verify_options={"engines": ["ort", "openvino"]})
+    assert report.verification.passed and report.verification.checks
+
+
 def test_qdq_shared_weights_and_a_function_body():
     """Two nodes reading one weight share one repacked initializer (the second replays the
     first's build); a node in a model-local function, which cannot hold initializers, gets
