@@ -208,7 +208,8 @@ def _check_one(source: str, options: dict[str, Any], engines: Sequence[str]) -> 
         model = load_model(source)
         out, report = engine_module.run(model, registry=_WORKER.get("registry"),
                                         allow_unsupported=True, check=options["check"],
-                                        target=options["target"], lower=options["lower"])
+                                        target=options["target"], lower=options["lower"],
+                                        base_dir=Path(source).resolve().parent)
         result.replaced = len(report.replaced)
         result.counts = dict(report.counts)
         result.unsupported = [issue.describe() for issue in report.unsupported]

@@ -216,6 +216,9 @@ def test_qdq_external_weights_and_openvino(tmp_path):
     compiled = core.compile_model(core.read_model(str(tmp_path / "out.onnx")), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     np.testing.assert_allclose(compiled({"A": a})[0], kernel, atol=1e-4, rtol=1e-4)
+    # `decomposer check` reads the same external weights, so it sees what would be written
+    (entry,) = decomposer.check([tmp_path / "in.onnx"], target="qdq", engines=["tvm"]).models
+    assert [gap["op"] for gap in entry.engines["tvm"]] == ["DequantizeLinear"]
     # Run again on the output: nothing left to do, and nothing changes.
     again = decomposer.decompose_file(tmp_path / "out.onnx", tmp_path / "again.onnx",
                                       target="qdq")
