@@ -26,7 +26,8 @@ from decomposer.report import Report
 
 def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
               registry: Registry | None = None, target: str = "portable",
-              lower: Iterable[str] = ()) -> onnx.ModelProto:
+              lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None
+              ) -> onnx.ModelProto:
     """Return a copy of ``model`` with every decomposable custom node rewritten.
 
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
@@ -38,20 +39,24 @@ def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check:
     OpenVINO and TensorRT, whose low-bit kernels run it; not TVM or the converters).
     ``lower`` names standard ONNX op types to decompose too, where the opset defines them,
     for engines without a kernel for them (``lower=[op_type, ...]``); each must be one a
-    pattern rewrites (the error lists them).
+    pattern rewrites (the error lists them). ``base_dir``, the folder of a model loaded
+    with ``load_external_data=False``, is where a pattern that repacks weights (ONNX
+    Runtime's 4-bit matmuls under ``"qdq"``) reads external ones; without it, such weights
+    keep the portable form.
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                        check=check, target=target, lower=lower)
+                        check=check, target=target, lower=lower, base_dir=base_dir)
     return out
 
 
 def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = False,
                           check: bool = True, registry: Registry | None = None,
-                          target: str = "portable", lower: Iterable[str] = ()
+                          target: str = "portable", lower: Iterable[str] = (),
+                          base_dir: str | os.PathLike[str] | None = None
                           ) -> tuple[onnx.ModelProto, Report]:
     """Like :func:`decompose`, also returning the report."""
     return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                      check=check, target=target, lower=lower)
+                      check=check, target=target, lower=lower, base_dir=base_dir)
 
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,

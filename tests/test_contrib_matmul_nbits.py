@@ -216,6 +216,13 @@ def test_qdq_external_weights_and_openvino(tmp_path):
     compiled = core.compile_model(core.read_model(str(tmp_path / "out.onnx")), "CPU", {
         "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     np.testing.assert_allclose(compiled({"A": a})[0], kernel, atol=1e-4, rtol=1e-4)
+    # In memory, without the weights loaded: read from base_dir, else the portable form
+    light = onnx.load(tmp_path / "in.onnx", load_external_data=False)
+    kinds = [n.op_type for n in decomposer.decompose(light, target="qdq",
+                                                     base_dir=tmp_path).graph.node]
+    assert "DequantizeLinear" in kinds
+    assert "DequantizeLinear" not in [n.op_type for n in decomposer.decompose(
+        light, target="qdq").graph.node]
     # `decomposer check` reads the same external weights, so it sees what would be written
     (entry,) = decomposer.check([tmp_path / "in.onnx"], target="qdq", engines=["tvm"]).models
     assert [gap["op"] for gap in entry.engines["tvm"]] == ["DequantizeLinear"]
