@@ -217,12 +217,18 @@ def _blocked_weights(ctx: MatchContext, node: MatchedNode, bits: int, block: int
                      n: int) -> tuple[TensorProto, TensorProto, TensorProto | None] | None:
     """W^T's quantized values (K, N), scales (k_blocks, N) float32 and zero points
     (k_blocks, N) as DequantizeLinear-21 takes them (axis 0, ``block_size`` along K); None
-    unless B, scales and the zero points are constants (external ones read from the file)."""
+    unless B, scales and the zero points are constants (external ones read from the file);
+    a Reject when their sizes do not fit K, N and the block size."""
     raw, scales = ctx.weight(node.tensor("B")), ctx.weight(node.tensor("scales"))
     zero_raw = ctx.weight(node.tensor("zero_points")) if node.tensor("zero_points") else None
     if raw is None or scales is None or (node.tensor("zero_points") and zero_raw is None):
         return None
     k_blocks = -(-k // block)
+    zero_bytes = n * -(-k_blocks * bits // 8)
+    if scales.size != n * k_blocks or (zero_raw is not None and zero_raw.size != zero_bytes):
+        raise Reject(f"scales must hold N x k_blocks = {n * k_blocks} values and packed "
+                     f"zero_points N x ceil(k_blocks bits / 8) = {zero_bytes} bytes; got "
+                     f"{scales.size} and {'none' if zero_raw is None else zero_raw.size}")
     q = _unpack_numpy(raw, n, bits)[:, :k].T  # (K, N)
     scale_t = scales.astype(np.float32).reshape(n, k_blocks).T
     if zero_raw is None:  # the implicit zero point 2^(bits-1): signed values, none stored

@@ -174,6 +174,19 @@ def test_qdq_keeps_the_weights_quantized(tmp_path, bits, block, k, n, zero_kind,
     assert "MatMulNBits" in fused and "DequantizeLinear" not in fused, fused
 
 
+@pytest.mark.parametrize("name, size", [("scales", 7), ("zp", 3)])
+def test_qdq_refuses_constants_of_the_wrong_size(name, size):
+    """Constant scales or zero points that do not fit N, K and the block are refused with
+    the sizes (under the portable target the same model fails only at run time)."""
+    rng = np.random.default_rng(8)
+    model, arrays = _case(rng, 4, 32, 64, 4, "packed", False, opset=21)
+    (index,) = [i for i, init in enumerate(model.graph.initializer) if init.name == name]
+    model.graph.initializer[index].CopyFrom(onnx.numpy_helper.from_array(
+        arrays[name].reshape(-1)[:size].copy(), name))
+    with pytest.raises(decomposer.UnsupportedNodeError, match="must hold N x k_blocks"):
+        decomposer.decompose(model, target="qdq", check=False)
+
+
 @pytest.mark.parametrize("why", ["opset 20", "2 bits", "float zero points", "B fed at run time"])
 def test_qdq_falls_back_to_the_portable_form(why):
     rng = np.random.default_rng(5)
