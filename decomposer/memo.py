@@ -18,11 +18,14 @@ byte-identical models with and without templates.
 Names are replayed: every name the template's builder made from ``<prefix>/<hint>`` is
 made again from ``<new prefix>/<hint>`` by the same allocators in the same order, so the
 output is exactly what building would give. Constants the template emitted are already in
-the graph's constant pool, which an identical build would also have reused.
+the graph's constant pool, which an identical build would also have reused. Weights a
+pattern repacked (``MatchContext.weight``, ``Builder.weight``) are compared by digest and
+shared: the replay reads the template's initializer, so equal weights are stored once.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,19 +54,23 @@ class Recorder:
 
     def _ask(self, query: str, name: str) -> Any:
         answer = getattr(self._inner, query)(name)
+        self._log_as(query, name, answer)
+        return answer
+
+    def _log_as(self, query: str, name: str, logged: Any) -> None:
         role = self._roles.get(name)
         if role is None:
             self.reusable = False
         else:
-            self.log.append((query, role, answer))
-        return answer
+            self.log.append((query, role, logged))
 
     def constant(self, name: str) -> np.ndarray | None:
         answer: np.ndarray | None = self._ask("constant", name)
         return answer
 
     def weight(self, name: str) -> np.ndarray | None:
-        answer: np.ndarray | None = self._ask("weight", name)
+        answer: np.ndarray | None = self._inner.weight(name)
+        self._log_as("weight", name, digest(answer))  # a template keeps no weights
         return answer
 
     def shape(self, name: str) -> tuple[int | str | None, ...] | None:
@@ -155,7 +162,8 @@ def replay(found: Template, node: onnx.NodeProto, context: MatchContext, prefix:
     """``found``'s nodes renamed for ``node``, or None if a context answer differs."""
     roles = {role: name for name, role in _roles(node).items()}
     for query, role, answer in found.log:
-        if not _same(getattr(context, query)(roles[role]), answer):
+        now = getattr(context, query)(roles[role])
+        if not _same(digest(now) if query == "weight" else now, answer):
             return None
     renamed = {name: roles[role] for name, role in _roles(found.node).items()}
     nodes = []
@@ -173,6 +181,15 @@ def replay(found: Template, node: onnx.NodeProto, context: MatchContext, prefix:
             new.domain = step.domain
         nodes.append(new)
     return nodes
+
+
+def digest(array: np.ndarray | None) -> tuple[str, tuple[int, ...], bytes] | None:
+    """What a template logs for a weight: its type, shape and SHA-256, not the bytes (a
+    model's weights would otherwise stay in memory with its templates)."""
+    if array is None:
+        return None
+    return (array.dtype.str, array.shape,
+            hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest())
 
 
 def _roles(node: onnx.NodeProto) -> dict[str, tuple[str, int]]:

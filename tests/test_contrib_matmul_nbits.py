@@ -269,12 +269,20 @@ def test_qdq_shared_weights_and_a_function_body():
     second = helper.make_node("MatMulNBits", ["A", *first.input[1:]], ["Y2"], name="again",
                               domain="com.microsoft")
     second.attribute.extend(first.attribute)
-    model.graph.node.append(second)
-    model.graph.output.append(helper.make_tensor_value_info("Y2", TensorProto.FLOAT,
-                                                            ["batch", "seq", 8]))
+    # a third reads other weights of the same shapes: the same template key, another digest
+    other = onnx.numpy_helper.from_array(rng.integers(0, 256, (8, 2, 16), dtype=np.uint8), "B3")
+    third = helper.make_node("MatMulNBits", ["A", "B3", *first.input[2:]], ["Y3"],
+                             name="other", domain="com.microsoft")
+    third.attribute.extend(first.attribute)
+    model.graph.initializer.append(other)
+    model.graph.node.extend([second, third])
+    for name in ("Y2", "Y3"):
+        model.graph.output.append(helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                                                ["batch", "seq", 8]))
     out = decomposer.decompose(model, target="qdq")
     onnx.checker.check_model(out, full_check=True)
-    assert [i.data_type for i in out.graph.initializer].count(TensorProto.UINT4) == 2
+    # values + zero points: once for B (shared by two nodes), once for B3
+    assert [i.data_type for i in out.graph.initializer].count(TensorProto.UINT4) == 4
     a = rng.standard_normal((2, 3, 64)).astype(np.float32)
     got, kernel = _ort(out, {"A": a}), _ort(model, {"A": a})
     for g, k in zip(got, kernel, strict=True):
