@@ -54,6 +54,7 @@ INT4 initializer and no blocked DequantizeLinear, so ``portable`` keeps the floa
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,6 +68,7 @@ from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 _TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+log = logging.getLogger("decomposer")
 U8 = TensorProto.UINT8
 
 
@@ -128,9 +130,14 @@ class MatMulNBits(Pattern[Facts]):
         if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
             raise Reject("bfloat16 needs opset 13")
         blocked = None
-        if ctx.target == "qdq" and ctx.opset >= 21 and bits in (4, 8) and (
-                packed or not node.tensor("zero_points")):
-            blocked = _blocked_weights(ctx, node, bits, block, k, n)
+        if ctx.target == "qdq":
+            why = _why_not_blocked(ctx, node, bits, packed)
+            blocked = None if why else _blocked_weights(ctx, node, bits, block, k, n)
+            if blocked is None:  # said once per distinct node: identical ones replay it
+                log.warning("node '%s' (MatMulNBits) keeps the float32 form under --target "
+                            "qdq, and any node just like it: %s", node.proto.name,
+                            why or "B, scales or zero_points is not a constant (or its "
+                            "external data cannot be read)")
         return Facts(elem_type, k_blocks, packed, blocked)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
@@ -211,6 +218,17 @@ def _dequantize_elementwise(b: Builder, node: MatchedNode, facts: Facts, bits: i
     weight = b.Mul(b.Sub(b.Cast(q, f32, hint="q_f32"), zero, hint="centered"), scale_k,
                    hint="weight")  # (N, K)
     return b.Transpose2D(weight, n, k, hint="weight_t")  # (K, N)
+
+
+def _why_not_blocked(ctx: MatchContext, node: MatchedNode, bits: int, packed: bool) -> str:
+    """Why target qdq cannot keep this node's weights quantized ("" if it can try)."""
+    if ctx.opset < 21:
+        return f"the model's opset is {ctx.opset}; a blocked DequantizeLinear needs 21"
+    if bits not in (4, 8):
+        return f"{bits}-bit values have no ONNX type"
+    if node.tensor("zero_points") and not packed:
+        return "its zero points are floats, which DequantizeLinear cannot take"
+    return ""
 
 
 def _blocked_weights(ctx: MatchContext, node: MatchedNode, bits: int, block: int, k: int,

@@ -188,7 +188,7 @@ def test_qdq_refuses_constants_of_the_wrong_size(name, size):
 
 
 @pytest.mark.parametrize("why", ["opset 20", "2 bits", "float zero points", "B fed at run time"])
-def test_qdq_falls_back_to_the_portable_form(why):
+def test_qdq_falls_back_to_the_portable_form(why, caplog):
     rng = np.random.default_rng(5)
     bits, zero_kind = (2, "packed") if why == "2 bits" else (4, "unpacked") \
         if why == "float zero points" else (4, "packed")
@@ -199,7 +199,11 @@ def test_qdq_falls_back_to_the_portable_form(why):
         model.graph.input.append(helper.make_tensor_value_info(
             "B", TensorProto.UINT8, list(model.graph.initializer[index].dims)))
         del model.graph.initializer[index]
-    qdq = decomposer.decompose(model, target="qdq")
+    with caplog.at_level("WARNING", logger="decomposer"):
+        qdq = decomposer.decompose(model, target="qdq")
+    reason = {"opset 20": "opset is 20", "2 bits": "2-bit", "float zero points": "floats",
+              "B fed at run time": "not a constant"}[why]
+    assert reason in caplog.text and "keeps the float32 form" in caplog.text
     assert qdq.SerializeToString() == decomposer.decompose(model).SerializeToString()
     assert "DequantizeLinear" not in [node.op_type for node in qdq.graph.node]
 
