@@ -61,11 +61,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._compute import ComputeType
 
 _TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 log = logging.getLogger("decomposer")
@@ -143,26 +145,18 @@ class MatMulNBits(Pattern[Facts]):
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         args = node.args
         bits, block, k, n = (int(args[name]) for name in ("bits", "block_size", "K", "N"))
-        f32 = np.dtype(np.float32)
-        original = numpy_dtype(facts.elem_type)
-        narrow = facts.elem_type != TensorProto.FLOAT
+        compute = ComputeType(b, node, facts.elem_type)  # float16 / bfloat16 in float32
         if facts.blocked is not None:
             weight_t = _dequantize_blocked(b, facts.blocked, block)
         else:
-            weight_t = _dequantize_elementwise(b, node, facts, bits, block, k, n)
-        a = b.input(node.tensor("A"), original)
-        if narrow:
-            a = b.Cast(a, f32, hint="a_f32")
-        bias = node.tensor("bias")
-        last = not narrow and not bias
-        y = b.MatMul(a, weight_t, hint="product", out=node.outputs[0] if last else None)
-        if bias:
-            bias_value = b.input(bias, original)
-            if narrow:
-                bias_value = b.Cast(bias_value, f32, hint="bias_f32")
-            y = b.Add(y, bias_value, hint="biased", out=None if narrow else node.outputs[0])
-        if narrow:
-            b.Cast(y, original, out=node.outputs[0])
+            weight_t = _dequantize_elementwise(b, node, compute, facts, bits, block, k, n)
+        a, bias = compute.read("A"), compute.read("bias")
+        assert a is not None
+        out = node.outputs[0]
+        y = b.MatMul(a, weight_t, hint="product", out=None if bias else compute.direct(out))
+        if bias is not None:
+            y = b.Add(y, bias, hint="biased", out=compute.direct(out))
+        compute.finish(y, out)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
@@ -184,20 +178,17 @@ class MatMulNBits(Pattern[Facts]):
         return [y.astype(a.dtype)]
 
 
-def _dequantize_elementwise(b: Builder, node: MatchedNode, facts: Facts, bits: int,
-                            block: int, k: int, n: int) -> Value:
+def _dequantize_elementwise(b: Builder, node: MatchedNode, compute: ComputeType,
+                            facts: Facts, bits: int, block: int, k: int, n: int) -> Value:
     """W^T (K, N) float32 computed from B, scales and zero points in the graph."""
     f32 = np.dtype(np.float32)
-    original = numpy_dtype(facts.elem_type)
-    narrow = facts.elem_type != TensorProto.FLOAT
     packed = b.Reshape(node.tensor("B"), np.array([n, -1], np.int64), hint="packed_rows")
     q = _unpack(b, packed, bits, hint="q")  # (N, k_blocks * block_size)
     if facts.k_blocks * block != k:
         q = b.Slice(q, [0], [k], [1], hint="q_k")
-    scales = b.input(node.tensor("scales"), original)
-    scales = b.Reshape(scales, np.array([n, facts.k_blocks], np.int64), hint="scales_2d")
-    if narrow:
-        scales = b.Cast(scales, f32, hint="scales_f32")
+    scales = compute.cast(b.Reshape(b.input(node.tensor("scales"), compute.original),
+                                    np.array([n, facts.k_blocks], np.int64),
+                                    hint="scales_2d"), "scales")
     zero: Value | np.ndarray
     if node.tensor("zero_points"):
         zero = b.input(node.tensor("zero_points"))
@@ -316,20 +307,13 @@ def dequantize_reference(packed: np.ndarray, scales: np.ndarray, zero_points: np
                          g_idx: np.ndarray | None, k: int, n: int, bits: int, block: int
                          ) -> np.ndarray:
     """W (N, K) float32 from MatMulNBits' inputs, by the schema's definition."""
-
-    def unpack(raw: np.ndarray) -> np.ndarray:
-        rows = raw.reshape(n, -1).astype(np.int64)
-        per = 8 // bits
-        values = [(rows >> (bits * i)) & (2 ** bits - 1) for i in range(per)]
-        return np.stack(values, -1).reshape(n, -1)
-
     k_blocks = -(-k // block)
-    q = unpack(packed)[:, :k].astype(np.float32)
+    q = _unpack_numpy(packed, n, bits)[:, :k].astype(np.float32)
     scale = scales.astype(np.float32).reshape(n, k_blocks)
     if zero_points is None:
         zero = np.full((n, k_blocks), 2 ** (bits - 1), np.float32)
     elif zero_points.dtype == np.uint8:
-        zero = unpack(zero_points)[:, :k_blocks].astype(np.float32)
+        zero = _unpack_numpy(zero_points, n, bits)[:, :k_blocks].astype(np.float32)
     else:
         zero = zero_points.astype(np.float32).reshape(n, k_blocks)
     blocks = g_idx.astype(np.int64) if g_idx is not None else np.arange(k) // block
