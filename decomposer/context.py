@@ -221,6 +221,7 @@ class NodeContext:
         self.opset = opset
         self.target = target
         self._base_dir = base_dir  # the model file's folder, for external weights
+        self._weights: dict[str, np.ndarray | None] = {}  # read once per node
 
     def constant(self, name: str) -> np.ndarray | None:
         if not name:
@@ -238,6 +239,11 @@ class NodeContext:
             return None
 
     def weight(self, name: str) -> np.ndarray | None:
+        if name not in self._weights:
+            self._weights[name] = self._read_weight(name)
+        return self._weights[name]
+
+    def _read_weight(self, name: str) -> np.ndarray | None:
         source = self._scope.constant_source(name) if name else None
         if not isinstance(source, onnx.TensorProto) \
                 or source.data_location != onnx.TensorProto.EXTERNAL:

@@ -150,9 +150,10 @@ class _Rewriter:
         prefix = node.name or (node.output[0] if node.output else node.op_type)
         context = NodeContext(scope, self.types, opset, self.target, self.base_dir)
         key = memo.key(pattern, form, node) if self.reuse else None
+        asked: dict[tuple[str, tuple[str, int]], Any] = {}  # this node's answers, by role
         for earlier in templates.get(key, ()) if key is not None else ():
             nodes = memo.replay(earlier, node, context, prefix, self.tensor_names,
-                                self.node_names)
+                                self.node_names, asked)
             if nodes is not None:
                 self._replaced(node, scope, pattern.name, nodes, earlier.declared)
                 return nodes
@@ -212,7 +213,8 @@ class _Rewriter:
         for weight in builder.initializers:
             inputs.append(onnx.helper.make_tensor_value_info(weight.name, weight.data_type,
                                                              list(weight.dims)))
-        for name in sorted(read - produced - pooled_names - {w.name for w in inputs}):
+        weights = {weight.name for weight in builder.initializers}
+        for name in sorted(read - produced - pooled_names - weights):
             if self.types.is_non_tensor(scope.namespace, name):
                 return f"input '{name}' is not a tensor"
             tensor = self.types.tensor_type(scope.namespace, name)

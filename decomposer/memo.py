@@ -157,13 +157,17 @@ def template(node: onnx.NodeProto, builder: Builder, recorder: Recorder,
 
 
 def replay(found: Template, node: onnx.NodeProto, context: MatchContext, prefix: str,
-           tensor_names: NameAllocator, node_names: NameAllocator
-           ) -> list[onnx.NodeProto] | None:
-    """``found``'s nodes renamed for ``node``, or None if a context answer differs."""
+           tensor_names: NameAllocator, node_names: NameAllocator,
+           asked: dict[tuple[str, tuple[str, int]], Any]) -> list[onnx.NodeProto] | None:
+    """``found``'s nodes renamed for ``node``, or None if a context answer differs.
+    ``asked`` keeps ``node``'s answers across the templates tried for it (a weight is read
+    and hashed once, not once per template)."""
     roles = {role: name for name, role in _roles(node).items()}
     for query, role, answer in found.log:
-        now = getattr(context, query)(roles[role])
-        if not _same(digest(now) if query == "weight" else now, answer):
+        if (query, role) not in asked:
+            now = getattr(context, query)(roles[role])
+            asked[query, role] = digest(now) if query == "weight" else now
+        if not _same(asked[query, role], answer):
             return None
     renamed = {name: roles[role] for name, role in _roles(found.node).items()}
     nodes = []
