@@ -95,6 +95,15 @@ class NameAllocator:
         self._taken: set[str] = set(taken)
         self._next_suffix: dict[str, int] = {}
 
+    def free(self, names: Iterable[str]) -> bool:
+        """Whether none of ``names`` is taken."""
+        return self._taken.isdisjoint(names)
+
+    def take(self, names: Iterable[str]) -> None:
+        """Mark ``names`` taken (free ones, distinct: what :meth:`fresh` would have returned
+        for their bases in order)."""
+        self._taken.update(names)
+
     def fresh(self, base: str) -> str:
         if base not in self._taken:
             self._taken.add(base)

@@ -149,11 +149,14 @@ def _check_passed_through(graph: onnx.GraphProto) -> None:
 
 
 def checkable(model: onnx.ModelProto, classifier: OpClassifier,
-              copy_always: bool = True) -> onnx.ModelProto:
+              copy_always: bool = True, needs_masking: bool | None = None) -> onnx.ModelProto:
     """A copy of ``model`` that ``onnx.checker`` can judge on everything but custom nodes;
     with ``copy_always=False``, ``model`` itself when it needs no change (no custom node,
-    no external data), which spares copying a large result."""
-    if not copy_always and not _needs_masking(model, classifier):
+    no external data), which spares copying a large result. ``needs_masking`` is that
+    answer when the caller already knows it (the engine saw every node it kept or wrote)."""
+    if needs_masking is None and not copy_always:
+        needs_masking = _needs_masking(model, classifier)
+    if not copy_always and not needs_masking:
         return model
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -192,10 +195,11 @@ def _needs_masking(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
 
 
 def checker_failure(model: onnx.ModelProto, classifier: OpClassifier,
-                    full: bool) -> str | None:
+                    full: bool, needs_masking: bool | None = None) -> str | None:
     """The checker's complaint about ``model`` outside its custom nodes, or None."""
     try:
-        onnx.checker.check_model(checkable(model, classifier, copy_always=False),
+        onnx.checker.check_model(checkable(model, classifier, copy_always=False,
+                                           needs_masking=needs_masking),
                                  full_check=full)
     except Exception as exc:
         return first_line(exc)
@@ -247,11 +251,13 @@ def stale_value_info(model: onnx.ModelProto, classifier: OpClassifier) -> list[s
 
 
 def check_output(out: onnx.ModelProto, classifier: OpClassifier,
-                 rewritten_outputs: set[str] | None = None) -> None:
+                 rewritten_outputs: set[str] | None = None,
+                 needs_masking: bool | None = None) -> None:
     """Run the full check on the result. If it fails only because of the types the input
     model itself declared for rewritten nodes' outputs (a graph output or value_info that
-    contradicts what the op computes), the input is at fault: exit 2, naming the tensors."""
-    failure = checker_failure(out, classifier, full=True)
+    contradicts what the op computes), the input is at fault: exit 2, naming the tensors.
+    ``needs_masking``: whether ``out`` holds custom nodes or external data, if known."""
+    failure = checker_failure(out, classifier, full=True, needs_masking=needs_masking)
     if failure and rewritten_outputs:
         # Forget the declared element types (then also the shapes) of the rewritten
         # outputs; if inference then fills in types that pass, the declarations were wrong.

@@ -46,18 +46,22 @@ def drop_unused_imports(imports: Any, before: set[str],
 
 
 def remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
-                   report: Report) -> None:
+                   report: Report, reads: set[str] | None = None) -> None:
     """Drop Constant nodes and initializers that fed only replaced nodes.
 
-    ``graphs`` is one name space; ``candidates`` are the replaced nodes' input names.
+    ``graphs`` is one name space; ``candidates`` are the replaced nodes' input names;
+    ``reads``, if the caller knows them, the names the graphs' nodes read (else a walk
+    finds them).
     """
     if not candidates:
         return
     used: set[str] = set()
     for graph in graphs:
-        for node in graph.node:
-            used.update(node.input)
+        if reads is None:
+            for node in graph.node:
+                used.update(node.input)
         used.update(value.name for value in graph.output)
+    used |= reads or set()
     orphans = candidates - used
     if not orphans:
         return

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import onnx
@@ -95,6 +96,7 @@ class TypeTables:
     def __init__(self, model: onnx.ModelProto) -> None:
         self._model = model
         self._tables: dict[str, dict[str, onnx.TypeProto]] | None = None
+        self._recorded: dict[tuple[Any, ...], onnx.TypeProto] = {}
 
     def _load(self) -> dict[str, dict[str, onnx.TypeProto]]:
         if self._tables is not None:
@@ -132,8 +134,13 @@ class TypeTables:
         if name not in table:
             # a dim name that is not text (undecodable bytes in a damaged model) is unknown
             dims = None if shape is None else \
-                [d if isinstance(d, (int, str)) else None for d in shape]
-            table[name] = onnx.helper.make_tensor_type_proto(elem_type or 0, dims)
+                tuple(d if isinstance(d, (int, str)) else None for d in shape)
+            # Replayed nodes record the same types over and over: share one (read-only) proto.
+            known = self._recorded.get((elem_type, dims))
+            if known is None:
+                known = onnx.helper.make_tensor_type_proto(elem_type or 0, dims)
+                self._recorded[elem_type, dims] = known
+            table[name] = known
 
     def is_non_tensor(self, namespace: str, name: str) -> bool:
         """Whether ``name`` is declared (or inferred) as a sequence, map or optional value."""

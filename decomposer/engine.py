@@ -25,6 +25,7 @@ Neighbours: :mod:`decomposer.context` answers patterns' questions about the grap
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -78,6 +79,30 @@ REUSE_TEMPLATES = True
 
 
 @dataclass
+class _Usage:
+    """What one graph of the result (with the graphs nested in it) holds after a pass: the
+    graphs, the names its nodes read, their domains. The last pass sees every node it keeps
+    or writes, so the clean-up need not walk the result again."""
+
+    graphs: list[onnx.GraphProto]
+    reads: set[str] = field(default_factory=set)
+    domains: set[str] = field(default_factory=set)  # as written (normalize before use)
+
+    def add_nodes(self, nodes: Iterable[onnx.NodeProto]) -> None:
+        for node in nodes:
+            self.reads.update(node.input)
+            self.domains.add(node.domain)
+            for _, sub in subgraphs(node):
+                self.graphs.append(sub)
+                self.add_nodes(sub.node)
+
+    def merge(self, other: _Usage) -> None:
+        self.graphs.extend(other.graphs)
+        self.reads |= other.reads
+        self.domains |= other.domains
+
+
+@dataclass
 class _Namespace:
     """One name space (the main graph with its subgraphs, or one local function): its nodes
     before the rewrite, and the inputs of replaced nodes, which may now be orphans."""
@@ -88,12 +113,18 @@ class _Namespace:
 
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report,
-                 classifier: OpClassifier, target: str, base_dir: str | None = None) -> None:
+                 classifier: OpClassifier, schema_classifier: OpClassifier, target: str,
+                 base_dir: str | None = None) -> None:
         self.registry = registry
         self.base_dir = base_dir
         self.report = report
         self.types = TypeTables(model)
         self.classifier = classifier
+        # Whether the result holds a node onnx.checker cannot judge, or external data (then
+        # the check masks them): the pass sees every node it keeps or writes, which spares
+        # the check a walk over the whole result. Reset at each pass.
+        self.schema_classifier = schema_classifier
+        self.needs_masking = False
         self.target = target
         tensor_names, node_names = _collect_names(model)
         self.tensor_names = NameAllocator(tensor_names)
@@ -101,22 +132,30 @@ class _Rewriter:
         self.rewritten_outputs: set[str] = set()  # output names of replaced nodes
         self.reuse = REUSE_TEMPLATES
 
-    def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> None:
+    def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> _Usage:
         graph = scope.graph
+        usage = _Usage([graph])
         new_nodes: list[onnx.NodeProto] = []
         changed = False
         pool: ConstantPool = {}  # constants shared by this graph's replacements, this pass
         templates: dict[tuple[Any, ...], list[memo.Template]] = {}  # same scope as the pool
+        if any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer):
+            self.needs_masking = True
         for node in graph.node:
-            for attr_label, sub in subgraphs(node):
-                label = f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"
-                self.rewrite_graph(scope.child(sub, label), opsets, ns)
-            if self.classifier.is_standard(node, opsets):
-                new_nodes.append(node)
-                continue
-            replacement = self._rewrite_node(node, scope, opsets, pool, templates)
+            inner = [self.rewrite_graph(scope.child(
+                sub, f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"), opsets, ns)
+                for attr_label, sub in subgraphs(node)]
+            replacement = None
+            if not self.classifier.is_standard(node, opsets):
+                replacement = self._rewrite_node(node, scope, opsets, pool, templates, usage)
             if replacement is None:
+                if not self.schema_classifier.is_standard(node, opsets):
+                    self.needs_masking = True
                 new_nodes.append(node)
+                usage.reads.update(node.input)
+                usage.domains.add(node.domain)
+                for nested in inner:
+                    usage.merge(nested)
                 continue
             new_nodes.extend(replacement)
             ns.orphan_candidates.update(name for name in node.input if name)
@@ -124,10 +163,12 @@ class _Rewriter:
         if changed:
             del graph.node[:]
             graph.node.extend(new_nodes)
+        return usage
 
     def _rewrite_node(self, node: onnx.NodeProto, scope: Scope, opsets: dict[str, int],
-                      pool: ConstantPool, templates: dict[tuple[Any, ...], list[memo.Template]]
-                      ) -> list[onnx.NodeProto] | None:
+                      pool: ConstantPool, templates: dict[tuple[Any, ...], list[memo.Template]],
+                      usage: _Usage) -> list[onnx.NodeProto] | None:
+        """The replacement of ``node`` (recorded in ``usage``), or None if it stays."""
         def reject(reason: str) -> None:
             self.report.unsupported.append(
                 NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
@@ -151,10 +192,16 @@ class _Rewriter:
         context = NodeContext(scope, self.types, opset, self.target, self.base_dir)
         key = memo.key(pattern, form, node) if self.reuse else None
         asked: dict[tuple[str, tuple[str, int]], Any] = {}  # this node's answers, by role
-        for earlier in templates.get(key, ()) if key is not None else ():
+        variants = templates.get(key, []) if key is not None else []
+        for index, earlier in enumerate(variants):
             nodes = memo.replay(earlier, node, context, prefix, self.tensor_names,
                                 self.node_names, asked)
             if nodes is not None:
+                # Most recent first: runs of alike nodes (a block repeated) then try the
+                # matching template first. Any matching template gives the same nodes.
+                variants.insert(0, variants.pop(index))
+                usage.reads.update(memo.outside_reads(earlier, node))
+                usage.domains |= earlier.domains
                 self._replaced(node, scope, pattern.name, nodes, earlier.declared)
                 return nodes
         builder = Builder(opset, prefix, self.tensor_names, self.node_names,
@@ -185,6 +232,9 @@ class _Rewriter:
                    f"ops it becomes ({failure})")
             return None
         builder.commit()
+        # (replays copy these same ops, so checking the build covers them)
+        if any(not self.schema_classifier.is_standard(new, opsets) for new in builder.nodes):
+            self.needs_masking = True
         if scope.is_function:  # a function body holds no initializers
             builder.nodes[:0] = [onnx.helper.make_node("Constant", [], [weight.name],
                                                        name=self.node_names.fresh(weight.name),
@@ -198,6 +248,7 @@ class _Rewriter:
             variants = templates.setdefault(key, [])
             if kept is not None and len(variants) < memo.MAX_VARIANTS:
                 variants.append(kept)
+        usage.add_nodes(builder.nodes)
         self._replaced(node, scope, pattern.name, builder.nodes, declared)
         return builder.nodes
 
@@ -294,7 +345,26 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     ``lower`` names standard default-domain op types to decompose even where the model's
     opset defines them (for an engine without a kernel for them); each must be an ONNX op
     that a registered pattern rewrites.
+
+    Python's cyclic garbage collector is paused for the call (and turned back on after, if
+    it was on): a rewrite allocates hundreds of thousands of short-lived objects, which
+    reference counting frees, and the collector's passes over them cost a sixth of the
+    time on a large model (docs/performance.md, Tool cost).
     """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _run(model, registry=registry, allow_unsupported=allow_unsupported,
+                    check=check, target=target, lower=lower, base_dir=base_dir)
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _run(model: onnx.ModelProto, *, registry: Registry | None,
+         allow_unsupported: bool, check: bool, target: str,
+         lower: Iterable[str], base_dir: str | os.PathLike[str] | None
+         ) -> tuple[onnx.ModelProto, Report]:
     validate_structure(model)
     if target not in TARGETS:
         raise InvalidModelError(f"unknown target {target!r}; use one of: "
@@ -324,7 +394,7 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             if not _drop_stale_value_info(out, schema_classifier, report, set()):
                 raise
 
-    rewriter = _Rewriter(out, registry, report, classifier, target,
+    rewriter = _Rewriter(out, registry, report, classifier, schema_classifier, target,
                          None if base_dir is None else os.fspath(base_dir))
     main = _Namespace(list(all_nodes(model.graph)))
     functions = [_FunctionJob(function, opsets) for function in out.functions]
@@ -334,7 +404,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     while True:
         replaced_before = len(report.replaced)
         report.unsupported.clear()
-        rewriter.rewrite_graph(Scope(out.graph, "main graph", None), opsets, main)
+        rewriter.needs_masking = False
+        usage = rewriter.rewrite_graph(Scope(out.graph, "main graph", None), opsets, main)
         for job in functions:
             job.rewrite(rewriter)
         progress = len(report.replaced) > replaced_before
@@ -350,15 +421,14 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
             report.unsupported, report)
 
-    graphs = list(all_graphs(out.graph))
-    remove_orphans(graphs, main.orphan_candidates, report)
+    remove_orphans(usage.graphs, main.orphan_candidates, report, usage.reads)
     drop_unused_imports(out.opset_import, used_domains(main.nodes_before),
-                        {domain for graph in graphs for domain in used_domains(graph.node)},
-                        report,
+                        {norm_domain(domain) for domain in usage.domains}, report,
                         keep=function_domains(out))
     if check:
         try:
-            check_output(out, schema_classifier, rewriter.rewritten_outputs)
+            check_output(out, schema_classifier, rewriter.rewritten_outputs,
+                         rewriter.needs_masking)
         except CheckFailedError:
             # The input's own stale value_info, hidden from its check behind a custom node
             # (onnx.checker skips inference past a domain it does not know).

@@ -26,8 +26,9 @@ shared: the replay reads the template's initializer, so equal weights are stored
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -90,25 +91,37 @@ class Recorder:
 
 @dataclass
 class _Step:
-    """One non-constant node of a template, ready to copy: names by role or base."""
+    """One non-constant node of a template, ready to copy: its op type, domain and
+    attributes, and where its names come from in a replay's name list."""
 
-    op_type: str
-    domain: str | None  # None: not set (proto2 tells an unset field from "")
-    attributes: list[onnx.AttributeProto]
-    inputs: list[str]  # the template's names
-    node_base: str  # without the template's prefix
-    outputs: list[tuple[str, str | None]]  # (template name, base without prefix or None)
+    proto: onnx.NodeProto  # op type, domain (if set) and attributes; no names
+    inputs: Callable[[list[str]], Sequence[str]]  # picks them from the replay's names
+    outputs: Callable[[list[str]], Sequence[str]]
 
 
 @dataclass
 class Template:
     """One built replacement: the nodes to copy, the questions its pattern asked, and what
-    to record for its outputs."""
+    to record for its outputs.
+
+    A replay's names are a list: the new node's own inputs and outputs (by role), then the
+    tensors the steps write (made from ``tensor_bases``), then names taken as they are
+    (pooled constants, weights). Steps refer to them by index."""
 
     node: onnx.NodeProto  # the custom node it replaced
     steps: list[_Step]
     log: list[tuple[str, tuple[str, int], Any]]
     declared: list[tuple[int | None, Any]]
+    roles: list[tuple[str, int]]
+    literals: list[str]
+    node_bases: list[str]  # each step's name, relative to the prefix ("/Mul")
+    tensor_bases: list[str]  # each new output's name, relative to the prefix
+    # What the allocators make of those bases when no name under the new prefix is taken
+    # yet ("/Mul", "/Mul_1"): a replay checks that once and takes them all.
+    node_names: list[str]
+    tensor_names: list[str]
+    read_inputs: list[int]  # which of the replaced node's inputs the steps read
+    domains: set[str]  # the steps' domains
 
 
 _PLAIN_FIELDS = {"op_type", "domain", "name", "input", "output", "attribute"}
@@ -132,9 +145,14 @@ def template(node: onnx.NodeProto, builder: Builder, recorder: Recorder,
             for new in builder.nodes for attribute in new.attribute):
         return None
     prefix = f"{builder.prefix}/"
-    cut = len(prefix)
+    cut = len(prefix) - 1  # bases keep their leading "/"
     roles = _roles(node)
-    steps = []
+    slots: dict[str, int] = {}  # template name -> index in a replay's names
+    role_list: list[tuple[str, int]] = []
+    literals: list[str] = []
+    node_bases: list[str] = []
+    tensor_bases: list[str] = []
+    written: list[tuple[onnx.NodeProto, list[tuple[str, str | None]]]] = []
     for proto, entry in zip(builder.nodes, builder.bases, strict=True):
         if entry is None:
             continue  # a constant: in the pool from now on
@@ -142,18 +160,67 @@ def template(node: onnx.NodeProto, builder: Builder, recorder: Recorder,
         if not node_base.startswith(prefix) or any(
                 field.name not in _PLAIN_FIELDS for field, _ in proto.ListFields()):
             return None
-        outputs: list[tuple[str, str | None]] = []
-        for name, base in zip(proto.output, out_bases, strict=True):
+        outputs = list(zip(proto.output, out_bases, strict=True))
+        for name, base in outputs:
             # a name the builder made, or one of the replaced node's own outputs
-            if base is None and name not in roles:
+            if (base is None and name not in roles) or \
+                    (base is not None and not base.startswith(prefix)):
                 return None
-            if base is not None and not base.startswith(prefix):
-                return None
-            outputs.append((name, None if base is None else base[cut:]))
-        steps.append(_Step(proto.op_type, proto.domain if proto.HasField("domain") else None,
-                           list(proto.attribute),
-                           list(proto.input), node_base[cut:], outputs))
-    return Template(node, steps, recorder.log, list(declared))
+        node_bases.append(node_base[cut:])
+        written.append((proto, outputs))
+
+    def slot_of_role(name: str) -> int:
+        if name not in slots:
+            slots[name] = len(role_list)
+            role_list.append(roles[name])
+        return slots[name]
+
+    # Roles first, then new tensors, then literals: indices are fixed once all are known.
+    new_index: dict[str, int] = {}
+    for proto, outputs in written:
+        for name in proto.input:
+            if name in roles and name not in new_index:
+                slot_of_role(name)
+        for name, base in outputs:
+            if base is None:
+                slot_of_role(name)
+            else:
+                new_index[name] = len(tensor_bases)
+                tensor_bases.append(base[cut:])
+    literal_index: dict[str, int] = {}
+    steps = []
+    for proto, outputs in written:
+        inputs = []
+        for name in proto.input:
+            if name in new_index:
+                inputs.append(len(role_list) + new_index[name])
+            elif name in roles:
+                inputs.append(slots[name])
+            else:
+                if name not in literal_index:
+                    literal_index[name] = len(literals)
+                    literals.append(name)
+                inputs.append(len(role_list) + len(tensor_bases) + literal_index[name])
+        outs = [slots[name] if base is None else len(role_list) + new_index[name]
+                for name, base in outputs]
+        bare = onnx.NodeProto()
+        bare.CopyFrom(proto)
+        for name_field in ("name", "input", "output"):
+            bare.ClearField(name_field)
+        steps.append(_Step(bare, _picker(inputs), _picker(outs)))
+    node_alloc, tensor_alloc = NameAllocator(), NameAllocator()
+    read_inputs = sorted({roles[name][1] for proto, _ in written for name in proto.input
+                          if name in roles and roles[name][0] == "input"})
+    return Template(node, steps, recorder.log, list(declared), role_list, literals,
+                    node_bases, tensor_bases,
+                    [node_alloc.fresh(base) for base in node_bases],
+                    [tensor_alloc.fresh(base) for base in tensor_bases],
+                    read_inputs, {proto.domain for proto, _ in written})
+
+
+def outside_reads(found: Template, node: onnx.NodeProto) -> list[str]:
+    """The names a replay of ``found`` for ``node`` reads from outside itself."""
+    return [node.input[index] for index in found.read_inputs] + found.literals
 
 
 def replay(found: Template, node: onnx.NodeProto, context: MatchContext, prefix: str,
@@ -162,29 +229,41 @@ def replay(found: Template, node: onnx.NodeProto, context: MatchContext, prefix:
     """``found``'s nodes renamed for ``node``, or None if a context answer differs.
     ``asked`` keeps ``node``'s answers across the templates tried for it (a weight is read
     and hashed once, not once per template)."""
-    roles = {role: name for name, role in _roles(node).items()}
+    by_role = {role: name for name, role in _roles(node).items()}
     for query, role, answer in found.log:
         if (query, role) not in asked:
-            now = getattr(context, query)(roles[role])
+            now = getattr(context, query)(by_role[role])
             asked[query, role] = digest(now) if query == "weight" else now
         if not _same(asked[query, role], answer):
             return None
-    renamed = {name: roles[role] for name, role in _roles(found.node).items()}
-    nodes = []
-    for step in found.steps:
-        name = node_names.fresh(f"{prefix}/{step.node_base}")
-        outputs = []
-        for old, base in step.outputs:
-            if base is not None:
-                renamed[old] = tensor_names.fresh(f"{prefix}/{base}")
-            outputs.append(renamed[old])
-        new = onnx.NodeProto(op_type=step.op_type, name=name, output=outputs,
-                             input=[renamed.get(old, old) for old in step.inputs],
-                             attribute=step.attributes)
-        if step.domain is not None:
-            new.domain = step.domain
-        nodes.append(new)
-    return nodes
+    step_names = [prefix + name for name in found.node_names]
+    new_tensors = [prefix + name for name in found.tensor_names]
+    if node_names.free(step_names) and tensor_names.free(new_tensors):
+        node_names.take(step_names)
+        tensor_names.take(new_tensors)
+    else:  # a name under this prefix is taken: allocate one by one, as a build would
+        step_names = [node_names.fresh(prefix + base) for base in found.node_bases]
+        new_tensors = [tensor_names.fresh(prefix + base) for base in found.tensor_bases]
+    names = [by_role[role] for role in found.roles] + new_tensors + found.literals
+    # Copying a prototype into a repeated field and naming it in place costs a third of
+    # constructing each node from keyword arguments (docs/performance.md, Tool cost).
+    holder = onnx.GraphProto()
+    add = holder.node.add
+    for step, name in zip(found.steps, step_names, strict=True):
+        new = add()
+        new.CopyFrom(step.proto)
+        new.name = name
+        new.input.extend(step.inputs(names))
+        new.output.extend(step.outputs(names))
+    return list(holder.node)
+
+
+def _picker(indices: list[int]) -> Callable[[list[str]], Sequence[str]]:
+    """A function taking the items at ``indices`` from a list, as a sequence (an
+    ``itemgetter`` of one index would return the item itself, so that takes a slice)."""
+    if len(indices) == 1:
+        return itemgetter(slice(indices[0], indices[0] + 1))
+    return itemgetter(*indices) if indices else itemgetter(slice(0, 0))
 
 
 def digest(array: np.ndarray | None) -> tuple[str, tuple[int, ...], bytes] | None:
