@@ -135,40 +135,40 @@ class _Rewriter:
     def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> _Usage:
         graph = scope.graph
         usage = _Usage([graph])
-        new_nodes: list[onnx.NodeProto] = []
-        changed = False
         pool: ConstantPool = {}  # constants shared by this graph's replacements, this pass
         templates: dict[tuple[Any, ...], list[memo.Template]] = {}  # same scope as the pool
         if any(init.data_location == onnx.TensorProto.EXTERNAL for init in graph.initializer):
             self.needs_masking = True
-        for node in graph.node:
+        nodes = list(graph.node)
+        standard = [self.classifier.is_standard(node, opsets) for node in nodes]
+        rebuild = not all(standard)
+        if rebuild:
+            # The node list is written afresh, in place: replacements go straight into it
+            # (the removed nodes stay valid objects, and kept ones are copied back).
+            del graph.node[:]
+        for node, is_standard in zip(nodes, standard, strict=True):
             inner = [self.rewrite_graph(scope.child(
                 sub, f"{scope.label} > {node.op_type} '{node.name}' {attr_label}"), opsets, ns)
                 for attr_label, sub in subgraphs(node)]
-            replacement = None
-            if not self.classifier.is_standard(node, opsets):
-                replacement = self._rewrite_node(node, scope, opsets, pool, templates, usage)
-            if replacement is None:
-                if not self.schema_classifier.is_standard(node, opsets):
-                    self.needs_masking = True
-                new_nodes.append(node)
-                usage.reads.update(node.input)
-                usage.domains.add(node.domain)
-                for nested in inner:
-                    usage.merge(nested)
+            if not is_standard and \
+                    self._rewrite_node(node, scope, opsets, pool, templates, usage, graph):
+                ns.orphan_candidates.update(name for name in node.input if name)
                 continue
-            new_nodes.extend(replacement)
-            ns.orphan_candidates.update(name for name in node.input if name)
-            changed = True
-        if changed:
-            del graph.node[:]
-            graph.node.extend(new_nodes)
+            if not self.schema_classifier.is_standard(node, opsets):
+                self.needs_masking = True
+            if rebuild:
+                graph.node.append(node)
+            usage.reads.update(node.input)
+            usage.domains.add(node.domain)
+            for nested in inner:
+                usage.merge(nested)
         return usage
 
     def _rewrite_node(self, node: onnx.NodeProto, scope: Scope, opsets: dict[str, int],
                       pool: ConstantPool, templates: dict[tuple[Any, ...], list[memo.Template]],
-                      usage: _Usage) -> list[onnx.NodeProto] | None:
-        """The replacement of ``node`` (recorded in ``usage``), or None if it stays."""
+                      usage: _Usage, into: onnx.GraphProto) -> bool:
+        """Whether ``node`` is replaced: then its replacement is appended to the nodes of
+        ``into`` (its graph) and recorded in ``usage``."""
         def reject(reason: str) -> None:
             self.report.unsupported.append(
                 NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
@@ -176,34 +176,34 @@ class _Rewriter:
         found = self.registry.lookup(node)
         if found is None:
             reject(_no_pattern_reason(node, self.target))
-            return None
+            return False
         pattern, form = found
         opset = opsets.get("", 0)
         if opset == 0:
             reject("the model imports no default-domain opset, so standard ops cannot be "
                    f"added; import one (opset {MIN_OPSET} or newer) in opset_import")
-            return None
+            return False
         if opset < MIN_OPSET:
             reject(f"the model's default opset is {opset}; decomposer emits opset "
                    f"{MIN_OPSET}+ ops: convert the model first with "
                    f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
-            return None
+            return False
         prefix = node.name or (node.output[0] if node.output else node.op_type)
         context = NodeContext(scope, self.types, opset, self.target, self.base_dir)
         key = memo.key(pattern, form, node) if self.reuse else None
         asked: dict[tuple[str, tuple[str, int]], Any] = {}  # this node's answers, by role
         variants = templates.get(key, []) if key is not None else []
         for index, earlier in enumerate(variants):
-            nodes = memo.replay(earlier, node, context, prefix, self.tensor_names,
-                                self.node_names, asked)
-            if nodes is not None:
+            count = memo.replay(earlier, node, context, prefix, self.tensor_names,
+                                self.node_names, asked, into)
+            if count is not None:
                 # Most recent first: runs of alike nodes (a block repeated) then try the
                 # matching template first. Any matching template gives the same nodes.
                 variants.insert(0, variants.pop(index))
                 usage.reads.update(memo.outside_reads(earlier, node))
                 usage.domains |= earlier.domains
-                self._replaced(node, scope, pattern.name, nodes, earlier.declared)
-                return nodes
+                self._replaced(node, scope, pattern.name, count, earlier.declared)
+                return True
         builder = Builder(opset, prefix, self.tensor_names, self.node_names,
                           constant_pool=pool, target=self.target)
         recorder = memo.Recorder(context, node)
@@ -215,7 +215,7 @@ class _Rewriter:
             declared = pattern.output_types(matched, recorder, facts) or []
         except Reject as why:
             reject(f"pattern {pattern.name}: {why}")
-            return None
+            return False
         except Exception as exc:
             raise PatternBugError(
                 f"pattern {pattern.name} failed on node '{node.name}' "
@@ -230,7 +230,7 @@ class _Rewriter:
         if failure:
             reject(f"pattern {pattern.name}: the node's input shapes do not fit the standard "
                    f"ops it becomes ({failure})")
-            return None
+            return False
         builder.commit()
         # (replays copy these same ops, so checking the build covers them)
         if any(not self.schema_classifier.is_standard(new, opsets) for new in builder.nodes):
@@ -249,8 +249,9 @@ class _Rewriter:
             if kept is not None and len(variants) < memo.MAX_VARIANTS:
                 variants.append(kept)
         usage.add_nodes(builder.nodes)
-        self._replaced(node, scope, pattern.name, builder.nodes, declared)
-        return builder.nodes
+        into.node.extend(builder.nodes)
+        self._replaced(node, scope, pattern.name, len(builder.nodes), declared)
+        return True
 
     def _shapes_refused(self, node: onnx.NodeProto, builder: Builder, scope: Scope,
                         opsets: dict[str, int]) -> str | None:
@@ -280,13 +281,13 @@ class _Rewriter:
         return replacement_failure(pooled + list(builder.nodes), inputs, imports)
 
     def _replaced(self, node: onnx.NodeProto, scope: Scope, pattern_name: str,
-                  nodes: list[onnx.NodeProto], declared: Sequence[tuple[int | None, Any]]) -> None:
+                  count: int, declared: Sequence[tuple[int | None, Any]]) -> None:
         self.rewritten_outputs.update(name for name in node.output if name)
         for name, (elem_type, shape) in zip(node.output, declared, strict=False):
             if name:
                 self.types.record(scope.namespace, name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
-                                                 scope.label, pattern_name, len(nodes)))
+                                                 scope.label, pattern_name, count))
 
 
 def _no_pattern_reason(node: onnx.NodeProto, target: str) -> str:

@@ -25,7 +25,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx
@@ -33,7 +33,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, TensorProto
 
 from decomposer.errors import InvalidModelError, ModelIOError
-from decomposer.graphs import all_graphs, function_subgraphs, may_hold
+from decomposer.graphs import all_graphs, may_hold
 
 _COPY_CHUNK = 16 << 20
 _WRITEBACK_CHUNK = 64 << 20
@@ -77,28 +77,49 @@ def external_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
             yield tensor
 
 
-_TENSOR_TYPES = frozenset({AttributeProto.TENSOR, AttributeProto.TENSORS})
+_HOLDERS = frozenset({AttributeProto.TENSOR, AttributeProto.TENSORS, AttributeProto.GRAPH,
+                      AttributeProto.GRAPHS})
 
 
 def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    graphs = [*all_graphs(model.graph),
-              *(g for f in model.functions for g in function_subgraphs(f))]
-    node_lists = [*(graph.node for graph in graphs),
-                  *(function.node for function in model.functions)]
+    """Initializers (of every graph, outer first), then tensor attributes (graph by graph,
+    then the functions' own nodes): one walk of the model's nodes, for a large model."""
+    graphs: list[onnx.GraphProto] = []
+    held: list[list[TensorProto]] = []  # tensor attributes, per graph in ``graphs``
+
+    def add_graph(graph: onnx.GraphProto) -> None:
+        index = len(graphs)
+        graphs.append(graph)
+        held.append([])
+        held[index] = visit(graph.node)
+
+    def visit(nodes: Iterable[onnx.NodeProto]) -> list[TensorProto]:
+        found: list[TensorProto] = []
+        for node in nodes:
+            if not node.attribute or not may_hold(node.domain, node.op_type, _HOLDERS):
+                continue
+            for attr in node.attribute:
+                kind = attr.type
+                if kind == AttributeProto.TENSOR:
+                    found.append(attr.t)
+                elif kind == AttributeProto.TENSORS:
+                    found.extend(attr.tensors)
+                elif kind == AttributeProto.GRAPH:
+                    add_graph(attr.g)
+                elif kind == AttributeProto.GRAPHS:
+                    for graph in attr.graphs:
+                        add_graph(graph)
+        return found
+
+    add_graph(model.graph)
+    in_functions = [visit(function.node) for function in model.functions]
     for graph in graphs:
         yield from graph.initializer
         for sparse in graph.sparse_initializer:
             yield sparse.values
             yield sparse.indices
-    for nodes in node_lists:  # each graph's own nodes: one walk of the model in all
-        for node in nodes:
-            if not node.attribute or not may_hold(node.domain, node.op_type, _TENSOR_TYPES):
-                continue
-            for attr in node.attribute:
-                if attr.type == AttributeProto.TENSOR:
-                    yield attr.t
-                elif attr.type == AttributeProto.TENSORS:
-                    yield from attr.tensors
+    for tensors in [*held, *in_functions]:
+        yield from tensors
 
 
 def _external_info(tensor: TensorProto) -> dict[str, str]:

@@ -4,6 +4,8 @@ with templates replayed as with every node built, and the copies do replay."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import onnx
 import pytest
 
@@ -99,3 +101,66 @@ def test_nodes_alike_but_for_their_inputs_are_built_apart(monkeypatch):
     got = run_onnxruntime(decomposer.decompose(model), feeds)
     for (name, _, _), result in zip(shapes, got, strict=True):
         np.testing.assert_allclose(result, np.linalg.inv(feeds[name]), rtol=1e-4, atol=1e-5)
+
+
+def _chain(names: list[str], taken: Sequence[str] = (), turns: Sequence[int] = (1, 2)
+           ) -> onnx.ModelProto:
+    """Rot90AndScale nodes named ``names`` in a chain, turning by ``turns`` in turn; each
+    of ``taken`` is already a tensor name in the model (an Identity of the input writes
+    it, and it is a graph output)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Identity", ["x"], [name], name=f"keep{index}")
+             for index, name in enumerate(taken)]
+    current = "x"
+    for index, name in enumerate(names):
+        nodes.append(helper.make_node("Rot90AndScale", [current], [f"t{index}"], name=name,
+                                      domain="custom.ops", k=turns[index % len(turns)]))
+        current = f"t{index}"
+    spec = ["B", 3, 5, 5]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, spec)],
+        [helper.make_tensor_value_info(current, TensorProto.FLOAT, spec)] +
+        [helper.make_tensor_value_info(name, TensorProto.FLOAT, spec) for name in taken])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                   helper.make_opsetid("custom.ops", 1)])
+
+
+def test_replayed_names_survive_any_text(monkeypatch):
+    """Replays write their nodes as bytes: names with "%", non-ASCII text, names long enough
+    for a two-byte length, empty names (the output name is the prefix then) and every
+    prefix length in between give the bytes a build gives."""
+    names = ["r%b", "r%s%%", "旋转/节点", "x" * 200, "", "", "a", "ab", "abc" * 50, "r%b"]
+    model = _chain(names * 2)
+    built = _decompose(model, False, monkeypatch)
+    assert isinstance(built, bytes)
+    assert _decompose(model, True, monkeypatch) == built
+
+
+def test_a_taken_name_under_a_replay_prefix_is_allocated_as_a_build_would(monkeypatch):
+    """When a name the replay would write already exists (here a tensor named like the
+    second node's first new tensor), the replay allocates names one by one: the same bytes
+    as building every node, and no name written twice."""
+    monkeypatch.setattr(engine, "REUSE_TEMPLATES", False)
+    first = decomposer.decompose(_chain(["r1"], turns=[1]))
+    made = [name for node in first.graph.node for name in node.output
+            if name.startswith("r1/")]
+    assert len(made) >= 3
+    taken = [name.replace("r1/", "r2/", 1) for name in made[:3]]
+    model = _chain(["r1", "r2", "r3"], taken=taken, turns=[1])
+    replays = []
+    original = memo.replay
+
+    def counting(*args, **kwargs):
+        result = original(*args, **kwargs)
+        replays.append(result is not None)
+        return result
+
+    monkeypatch.setattr(memo, "replay", counting)
+    built = _decompose(model, False, monkeypatch)
+    replayed = _decompose(model, True, monkeypatch)
+    assert replayed == built and sum(replays) == 2
+    out = onnx.ModelProto.FromString(replayed)
+    written = [name for node in out.graph.node for name in node.output]
+    assert len(written) == len(set(written))
+    assert f"{taken[0]}_1" in written  # the replay of r2 went round the taken name
