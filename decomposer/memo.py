@@ -1,8 +1,9 @@
 """Reusing one replacement for identical custom nodes.
 
 In: a custom node about to be rewritten, and the templates of the nodes already rewritten
-in the same graph and pass. Out: either the replacement nodes, copied from a template
-with the names the builder would have made, or None (build it, and keep it as a template).
+in the same graph and pass. Out: either the replacement nodes, appended to the graph from
+a template with the names the builder would have made, or None (build it, and keep it as
+a template).
 
 Models repeat their blocks, so the same custom node (same op, attributes, input types and
 shapes, constant inputs) is decomposed hundreds of times; copying a built replacement
@@ -17,7 +18,11 @@ byte-identical models with and without templates.
 
 Names are replayed: every name the template's builder made from ``<prefix>/<hint>`` is
 made again from ``<new prefix>/<hint>`` by the same allocators in the same order, so the
-output is exactly what building would give. Constants the template emitted are already in
+output is exactly what building would give. When no name under the new prefix is taken
+yet (the usual case), that is the template's names with the prefix swapped, all taken in
+one set operation, and the nodes are written as bytes: a %-format per template and byte
+length of the prefix and role names, parsed into the graph in one call. Otherwise the
+names are allocated one by one and the nodes copied one by one. Constants the template emitted are already in
 the graph's constant pool, which an identical build would also have reused. Weights a
 pattern repacked (``MatchContext.weight``, ``Builder.weight``) are compared by digest and
 shared: the replay reads the template's initializer, so equal weights are stored once.
