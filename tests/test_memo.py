@@ -45,6 +45,20 @@ def _tripled(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
+def _count_replays(monkeypatch) -> list[bool]:
+    """Whether each call of memo.replay from now on replayed (appended as they happen)."""
+    replays: list[bool] = []
+    original = memo.replay
+
+    def counting(*args, **kwargs):
+        result = original(*args, **kwargs)
+        replays.append(result is not None)
+        return result
+
+    monkeypatch.setattr(memo, "replay", counting)
+    return replays
+
+
 def _decompose(model: onnx.ModelProto, reuse: bool, monkeypatch) -> bytes | str:
     monkeypatch.setattr(engine, "REUSE_TEMPLATES", reuse)
     try:
@@ -56,15 +70,7 @@ def _decompose(model: onnx.ModelProto, reuse: bool, monkeypatch) -> bytes | str:
 
 @pytest.mark.parametrize("label, model", SEEDS, ids=[label for label, _ in SEEDS])
 def test_templates_give_the_bytes_a_build_gives(label, model, monkeypatch):
-    replays = []
-    original = memo.replay
-
-    def counting(*args, **kwargs):
-        result = original(*args, **kwargs)
-        replays.append(result is not None)
-        return result
-
-    monkeypatch.setattr(memo, "replay", counting)
+    replays = _count_replays(monkeypatch)
     tripled = _tripled(model)
     built = _decompose(tripled, False, monkeypatch)
     assert not replays
@@ -148,15 +154,7 @@ def test_a_taken_name_under_a_replay_prefix_is_allocated_as_a_build_would(monkey
     assert len(made) >= 3
     taken = [name.replace("r1/", "r2/", 1) for name in made[:3]]
     model = _chain(["r1", "r2", "r3"], taken=taken, turns=[1])
-    replays = []
-    original = memo.replay
-
-    def counting(*args, **kwargs):
-        result = original(*args, **kwargs)
-        replays.append(result is not None)
-        return result
-
-    monkeypatch.setattr(memo, "replay", counting)
+    replays = _count_replays(monkeypatch)
     built = _decompose(model, False, monkeypatch)
     replayed = _decompose(model, True, monkeypatch)
     assert replayed == built and sum(replays) == 2
