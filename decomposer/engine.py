@@ -349,8 +349,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
 
     Python's cyclic garbage collector is paused for the call (and turned back on after, if
     it was on): a rewrite allocates hundreds of thousands of short-lived objects, which
-    reference counting frees, and the collector's passes over them cost a sixth of the
-    time on a large model (docs/performance.md, Tool cost).
+    reference counting frees, and the collector's passes over them are wasted work
+    (measured in docs/performance.md, Tool cost).
     """
     was_enabled = gc.isenabled()
     gc.disable()
