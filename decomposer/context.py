@@ -73,6 +73,11 @@ class Scope:
             scope = scope.parent
         return None
 
+    def index_constants(self) -> None:
+        """Read this graph's constants now: the engine calls it before it rebuilds the
+        node list in place, so lookups keep seeing the graph as the pass found it."""
+        self._own_constants()
+
     def _own_constants(self) -> dict[str, onnx.TensorProto | onnx.NodeProto]:
         if self._constants is None:
             constants: dict[str, onnx.TensorProto | onnx.NodeProto] = {}
@@ -97,6 +102,11 @@ class TypeTables:
         self._model = model
         self._tables: dict[str, dict[str, onnx.TypeProto]] | None = None
         self._recorded: dict[tuple[Any, ...], onnx.TypeProto] = {}
+
+    def load(self) -> None:
+        """Infer now (else on the first question): the engine calls it before it rebuilds a
+        node list in place, so inference sees the model as the pass found it."""
+        self._load()
 
     def _load(self) -> dict[str, dict[str, onnx.TypeProto]]:
         if self._tables is not None:

@@ -145,6 +145,10 @@ class _Rewriter:
         if rebuild:
             # The node list is written afresh, in place: replacements go straight into it
             # (the removed nodes stay valid objects, and kept ones are copied back).
+            # Constant lookups and type inference must see the graph as it was, not half
+            # rebuilt.
+            scope.index_constants()
+            self.types.load()
             del graph.node[:]
         for node, is_standard in zip(nodes, standard, strict=True):
             inner = [self.rewrite_graph(scope.child(
@@ -157,7 +161,10 @@ class _Rewriter:
             if not self.schema_classifier.is_standard(node, opsets):
                 self.needs_masking = True
             if rebuild:
-                graph.node.append(node)
+                graph.node.append(node)  # a copy: its graphs are the copy's from now on
+                if inner:
+                    usage.add_nodes(graph.node[-1:])
+                    continue
             usage.reads.update(node.input)
             usage.domains.add(node.domain)
             for nested in inner:

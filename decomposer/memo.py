@@ -22,10 +22,12 @@ output is exactly what building would give. When no name under the new prefix is
 yet (the usual case), that is the template's names with the prefix swapped, all taken in
 one set operation, and the nodes are written as bytes: a %-format per template and byte
 length of the prefix and role names, parsed into the graph in one call. Otherwise the
-names are allocated one by one and the nodes copied one by one. Constants the template emitted are already in
-the graph's constant pool, which an identical build would also have reused. Weights a
-pattern repacked (``MatchContext.weight``, ``Builder.weight``) are compared by digest and
-shared: the replay reads the template's initializer, so equal weights are stored once.
+names are allocated one by one and the nodes copied one by one.
+
+Constants the template emitted are already in the graph's constant pool, which an
+identical build would also have reused. Weights a pattern repacked
+(``MatchContext.weight``, ``Builder.weight``) are compared by digest and shared: the
+replay reads the template's initializer, so equal weights are stored once.
 """
 
 from __future__ import annotations

@@ -307,7 +307,11 @@ def test_custom_standard_custom_chain_resolves_in_later_pass():
     np.testing.assert_allclose(got, expected, atol=1e-5)
 
 
-def test_aten_constant_inside_subgraph_is_cleaned_up():
+@pytest.mark.parametrize("custom_outside", [False, True],
+                         ids=["only-nested", "also-in-the-main-graph"])
+def test_aten_constant_inside_subgraph_is_cleaned_up(custom_outside):
+    """A Constant that fed only a replaced node inside an If branch goes, whether or not the
+    main graph (whose node list is then rebuilt) also holds a replaced node."""
     align = helper.make_node("Constant", [], ["align"], name="align_const",
                              value=helper.make_tensor("v", TensorProto.BOOL, [], [True]))
     aten = helper.make_node("affine_grid_generator", ["theta", "size", "align"], ["g_then"],
@@ -316,20 +320,94 @@ def test_aten_constant_inside_subgraph_is_cleaned_up():
                                                                   None)])
     else_graph = helper.make_graph([helper.make_node("Neg", ["g0"], ["g_else"], name="n")],
                                    "else", [], [vi("g_else", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("If", ["cond"], ["grid"], name="if", then_branch=then_graph,
+                              else_branch=else_graph)]
+    outputs = [vi("grid", TensorProto.FLOAT, None)]
+    if custom_outside:
+        nodes.append(helper.make_node("Rot90AndScale", ["grid"], ["rot"], name="rot",
+                                      domain="custom.ops", k=2))
+        outputs.append(vi("rot", TensorProto.FLOAT, None))
     model = make_model(
-        [helper.make_node("If", ["cond"], ["grid"], name="if", then_branch=then_graph,
-                          else_branch=else_graph)],
-        [THETA, SIZE, vi("cond", TensorProto.BOOL, []), vi("g0", TensorProto.FLOAT, None)],
-        [vi("grid", TensorProto.FLOAT, None)], 16, extra_opsets=["org.pytorch.aten"])
+        nodes, [THETA, SIZE, vi("cond", TensorProto.BOOL, []), vi("g0", TensorProto.FLOAT, None)],
+        outputs, 16, extra_opsets=["org.pytorch.aten", "custom.ops"])
     out, report = decomposer.decompose_with_report(model)
     assert report.removed_constants == 1
-    then_nodes = [n.name for n in out.graph.node[0].attribute[0].g.node]
-    assert "align_const" not in then_nodes
+    (branch,) = [a.g for a in out.graph.node[0].attribute if a.name == "then_branch"]
+    then_nodes = [n.name for n in branch.node]
+    assert "align_const" not in then_nodes and "aten_affine" not in then_nodes
     theta = np.random.default_rng(5).normal(size=(2, 2, 3)).astype(np.float32)
     size = np.array([2, 1, 4, 6], np.int64)
-    (got,) = run_onnxruntime(out, {"theta": theta, "size": size, "cond": np.array(True),
-                                   "g0": np.zeros((1, 1, 1, 1), np.float32)})
-    np.testing.assert_allclose(got, grid_torch(theta, size, 1), atol=1e-5)
+    got = run_onnxruntime(out, {"theta": theta, "size": size, "cond": np.array(True),
+                                "g0": np.zeros((1, 1, 1, 1), np.float32)})
+    np.testing.assert_allclose(got[0], grid_torch(theta, size, 1), atol=1e-5)
+    if custom_outside:
+        np.testing.assert_allclose(got[1], np.rot90(got[0], 2, axes=(-2, -1)))
+
+
+def test_a_constant_defined_after_an_earlier_replaced_node_is_still_a_constant(monkeypatch):
+    """The engine rebuilds a graph's node list in place; a pattern asking for a constant
+    still sees every Constant node of the graph, wherever it stands, in the first pass."""
+    import decomposer.engine as engine
+
+    passes = []
+    rewrite_graph = engine._Rewriter.rewrite_graph
+
+    def counting(self, scope, *args):
+        passes.append(scope.label)
+        return rewrite_graph(self, scope, *args)
+
+    monkeypatch.setattr(engine._Rewriter, "rewrite_graph", counting)
+    def align(name, value):
+        return helper.make_node("Constant", [], [name], name=f"{name}_const",
+                                value=helper.make_tensor("v", TensorProto.BOOL, [], [value]))
+
+    nodes = [align("a0", True),
+             helper.make_node("affine_grid_generator", ["theta", "size", "a0"], ["g0"],
+                              name="first", domain="org.pytorch.aten"),
+             align("a1", False),
+             helper.make_node("affine_grid_generator", ["theta", "size", "a1"], ["g1"],
+                              name="second", domain="org.pytorch.aten")]
+    model = make_model(nodes, [THETA, SIZE], [vi("g0", TensorProto.FLOAT, None),
+                                              vi("g1", TensorProto.FLOAT, None)],
+                       16, extra_opsets=["org.pytorch.aten"])
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {"AffineGrid": 2} and report.removed_constants == 2
+    assert passes == ["main graph"]
+    theta = np.random.default_rng(6).normal(size=(2, 2, 3)).astype(np.float32)
+    size = np.array([2, 1, 4, 6], np.int64)
+    got = run_onnxruntime(out, {"theta": theta, "size": size})
+    np.testing.assert_allclose(got[0], grid_torch(theta, size, 1), atol=1e-5)
+    np.testing.assert_allclose(got[1], grid_torch(theta, size, 0), atol=1e-5)
+
+
+def test_types_after_an_earlier_replaced_node_are_known_in_the_first_pass(monkeypatch):
+    """Inference sees the whole graph, not the part of it rebuilt so far: a rotation whose
+    input comes from a standard node placed after another rotation is rewritten in the
+    first pass."""
+    import decomposer.engine as engine
+
+    passes = []
+    rewrite_graph = engine._Rewriter.rewrite_graph
+
+    def counting(self, scope, *args):
+        passes.append(scope.label)
+        return rewrite_graph(self, scope, *args)
+
+    monkeypatch.setattr(engine._Rewriter, "rewrite_graph", counting)
+    spec = ["B", 3, 4, 4]
+    nodes = [helper.make_node("Rot90AndScale", ["x"], ["t0"], name="first",
+                              domain="custom.ops", k=1),
+             helper.make_node("Neg", ["y"], ["n"], name="neg"),
+             helper.make_node("Rot90AndScale", ["n"], ["t1"], name="second",
+                              domain="custom.ops", k=1)]
+    model = make_model(nodes, [vi("x", TensorProto.FLOAT, spec), vi("y", TensorProto.FLOAT, spec)],
+                       [vi("t0", TensorProto.FLOAT, spec), vi("t1", TensorProto.FLOAT, spec)],
+                       16, extra_opsets=["custom.ops"])
+    out, report = decomposer.decompose_with_report(model)
+    assert report.counts == {"Rot90AndScale": 2} and passes == ["main graph"]
+    x, y = np.random.default_rng(7).normal(size=(2, 2, *spec[1:])).astype(np.float32)
+    got = run_onnxruntime(out, {"x": x, "y": y})
+    np.testing.assert_allclose(got[1], np.rot90(-y, 1, axes=(-2, -1)))
 
 
 def test_an_explicit_empty_registry_is_used_not_the_default():
