@@ -25,9 +25,11 @@ Neighbours: :mod:`decomposer.context` answers patterns' questions about the grap
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -354,19 +356,39 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     opset defines them (for an engine without a kernel for them); each must be an ONNX op
     that a registered pattern rewrites.
 
-    Python's cyclic garbage collector is paused for the call (and turned back on after, if
-    it was on): a rewrite allocates hundreds of thousands of short-lived objects, which
+    Python's cyclic garbage collector is paused for the call (with calls overlapping in
+    several threads, until the last one ends) and turned back on after if it was on: a
+    rewrite allocates hundreds of thousands of short-lived objects, which
     reference counting frees, and the collector's passes over them are wasted work
     (measured in docs/performance.md, Tool cost).
     """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with _collector_paused():
         return _run(model, registry=registry, allow_unsupported=allow_unsupported,
                     check=check, target=target, lower=lower, base_dir=base_dir)
+
+
+_pause_lock = threading.Lock()
+_pause_depth = 0  # calls of run() in progress, across threads
+_resume_collector = False  # whether the collector was on when the first of them began
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off until the last of concurrent ``run()`` calls ends;
+    back on then if it was on when the first began."""
+    global _pause_depth, _resume_collector
+    with _pause_lock:
+        if _pause_depth == 0:
+            _resume_collector = gc.isenabled()
+            gc.disable()
+        _pause_depth += 1
+    try:
+        yield
     finally:
-        if was_enabled:
-            gc.enable()
+        with _pause_lock:
+            _pause_depth -= 1
+            if _pause_depth == 0 and _resume_collector:
+                gc.enable()
 
 
 def _run(model: onnx.ModelProto, *, registry: Registry | None,

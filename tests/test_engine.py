@@ -413,3 +413,40 @@ def test_types_after_an_earlier_replaced_node_are_known_in_the_first_pass(monkey
 def test_an_explicit_empty_registry_is_used_not_the_default():
     with pytest.raises(decomposer.UnsupportedNodeError, match="no pattern rewrites this op"):
         decomposer.decompose(_seed_model(), registry=decomposer.Registry())
+
+
+def test_run_pauses_the_collector_and_restores_it_across_threads(monkeypatch):
+    """run() turns the cyclic garbage collector off for its duration; however calls from
+    several threads overlap, it is back on after the last one, and left off if it was off."""
+    import gc
+    import threading
+
+    import decomposer.engine as engine
+
+    inner = engine._run
+    seen = []
+
+    def recording(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return inner(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "_run", recording)
+    model = _seed_model()
+    assert gc.isenabled()
+
+    def work():
+        for _ in range(5):
+            decomposer.decompose(model)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert seen == [False] * 20 and gc.isenabled()
+    gc.disable()
+    try:
+        decomposer.decompose(model)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
