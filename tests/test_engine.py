@@ -344,12 +344,11 @@ def test_aten_constant_inside_subgraph_is_cleaned_up(custom_outside):
         np.testing.assert_allclose(got[1], np.rot90(got[0], 2, axes=(-2, -1)))
 
 
-def test_a_constant_defined_after_an_earlier_replaced_node_is_still_a_constant(monkeypatch):
-    """The engine rebuilds a graph's node list in place; a pattern asking for a constant
-    still sees every Constant node of the graph, wherever it stands, in the first pass."""
+def _count_passes(monkeypatch) -> list[str]:
+    """The labels of the graphs the engine rewrites from now on, a label per pass."""
     import decomposer.engine as engine
 
-    passes = []
+    passes: list[str] = []
     rewrite_graph = engine._Rewriter.rewrite_graph
 
     def counting(self, scope, *args):
@@ -357,6 +356,14 @@ def test_a_constant_defined_after_an_earlier_replaced_node_is_still_a_constant(m
         return rewrite_graph(self, scope, *args)
 
     monkeypatch.setattr(engine._Rewriter, "rewrite_graph", counting)
+    return passes
+
+
+def test_a_constant_defined_after_an_earlier_replaced_node_is_still_a_constant(monkeypatch):
+    """The engine rebuilds a graph's node list in place; a pattern asking for a constant
+    still sees every Constant node of the graph, wherever it stands, in the first pass."""
+    passes = _count_passes(monkeypatch)
+
     def align(name, value):
         return helper.make_node("Constant", [], [name], name=f"{name}_const",
                                 value=helper.make_tensor("v", TensorProto.BOOL, [], [value]))
@@ -384,16 +391,7 @@ def test_types_after_an_earlier_replaced_node_are_known_in_the_first_pass(monkey
     """Inference sees the whole graph, not the part of it rebuilt so far: a rotation whose
     input comes from a standard node placed after another rotation is rewritten in the
     first pass."""
-    import decomposer.engine as engine
-
-    passes = []
-    rewrite_graph = engine._Rewriter.rewrite_graph
-
-    def counting(self, scope, *args):
-        passes.append(scope.label)
-        return rewrite_graph(self, scope, *args)
-
-    monkeypatch.setattr(engine._Rewriter, "rewrite_graph", counting)
+    passes = _count_passes(monkeypatch)
     spec = ["B", 3, 4, 4]
     nodes = [helper.make_node("Rot90AndScale", ["x"], ["t0"], name="first",
                               domain="custom.ops", k=1),
