@@ -257,8 +257,8 @@ class _Rewriter:
             variants = templates.setdefault(key, [])
             if kept is not None and len(variants) < memo.MAX_VARIANTS:
                 variants.append(kept)
-        usage.add_nodes(builder.nodes)
         into.node.extend(builder.nodes)
+        usage.add_nodes(into.node[len(into.node) - len(builder.nodes):])  # the copies
         self._replaced(node, scope, pattern.name, len(builder.nodes), declared)
         return True
 

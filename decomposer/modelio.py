@@ -90,7 +90,7 @@ def _all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
     def add_graph(graph: onnx.GraphProto) -> None:
         index = len(graphs)
         graphs.append(graph)
-        held.append([])
+        held.append([])  # its slot, before the graphs nested in it take theirs
         held[index] = visit(graph.node)
 
     def visit(nodes: Iterable[onnx.NodeProto]) -> list[TensorProto]:
