@@ -135,8 +135,11 @@ def _chain(names: list[str], taken: Sequence[str] = (), turns: Sequence[int] = (
 def test_replayed_names_survive_any_text(monkeypatch):
     """Replays write their nodes as bytes: names with "%", non-ASCII text, names long enough
     for a two-byte length, empty names (the output name is the prefix then) and every
-    prefix length in between give the bytes a build gives."""
+    prefix length up to 40 give the bytes a build gives."""
     names = ["r%b", "r%s%%", "旋转/节点", "x" * 200, "", "", "a", "ab", "abc" * 50, "r%b"]
+    # Every prefix length up to 40 (field lengths of 37, byte "%"), and a prefix that makes
+    # node lengths of 37 * 128 + k (a two-byte length whose second byte is "%").
+    names += [f"n{'_' * size}" for size in range(40)] + ["L" * 2370]
     model = _chain(names * 2)
     built = _decompose(model, False, monkeypatch)
     assert isinstance(built, bytes)
