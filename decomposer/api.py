@@ -26,8 +26,8 @@ from decomposer.report import Report
 
 def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
               registry: Registry | None = None, target: str = "portable",
-              lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None
-              ) -> onnx.ModelProto:
+              lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None,
+              target_opset: int | None = None) -> onnx.ModelProto:
     """Return a copy of ``model`` with every decomposable custom node rewritten.
 
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
@@ -42,28 +42,34 @@ def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check:
     pattern rewrites (the error lists them). ``base_dir``, the folder of a model loaded
     with ``load_external_data=False``, is where a pattern that repacks weights (ONNX
     Runtime's 4-bit matmuls under ``"qdq"``) reads external ones; without it, such weights
-    keep the portable form.
+    keep the portable form. ``target_opset`` (11 to the newest) takes a model at a newer
+    default-domain opset down to it, standard ops included (:mod:`decomposer.opsets`); at
+    or above the model's opset it changes nothing (decomposer never upgrades).
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                        check=check, target=target, lower=lower, base_dir=base_dir)
+                        check=check, target=target, lower=lower, base_dir=base_dir,
+                        target_opset=target_opset)
     return out
 
 
 def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = False,
                           check: bool = True, registry: Registry | None = None,
                           target: str = "portable", lower: Iterable[str] = (),
-                          base_dir: str | os.PathLike[str] | None = None
+                          base_dir: str | os.PathLike[str] | None = None,
+                          target_opset: int | None = None
                           ) -> tuple[onnx.ModelProto, Report]:
     """Like :func:`decompose`, also returning the report."""
     return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
-                      check=check, target=target, lower=lower, base_dir=base_dir)
+                      check=check, target=target, lower=lower, base_dir=base_dir,
+                      target_opset=target_opset)
 
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
                    allow_unsupported: bool = False, check: bool = True,
                    registry: Registry | None = None, dry_run: bool = False,
                    verify: bool = False, verify_options: Mapping[str, Any] | None = None,
-                   target: str = "portable", lower: Iterable[str] = ()) -> Report:
+                   target: str = "portable", lower: Iterable[str] = (),
+                   target_opset: int | None = None) -> Report:
     """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
@@ -76,7 +82,8 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
     try:
         out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
                                  check=check, target=target, lower=lower,
-                                 base_dir=Path(src).resolve().parent)
+                                 base_dir=Path(src).resolve().parent,
+                                 target_opset=target_opset)
     except UnsupportedNodeError as exc:
         if isinstance(exc.report, Report):
             exc.report.input_path, exc.report.output_path = str(src), None

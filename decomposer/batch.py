@@ -209,7 +209,8 @@ def _check_one(source: str, options: dict[str, Any], engines: Sequence[str]) -> 
         out, report = engine_module.run(model, registry=_WORKER.get("registry"),
                                         allow_unsupported=True, check=options["check"],
                                         target=options["target"], lower=options["lower"],
-                                        base_dir=Path(source).resolve().parent)
+                                        base_dir=Path(source).resolve().parent,
+                                        target_opset=options["target_opset"])
         result.replaced = len(report.replaced)
         result.counts = dict(report.counts)
         result.unsupported = [issue.describe() for issue in report.unsupported]
@@ -294,10 +295,10 @@ def _run_all(tasks: list[tuple[Callable[..., ModelResult], tuple[Any, ...]]], jo
     return [r for r in results if r is not None]
 
 
-def _options(target: str, lower: Iterable[str], allow_unsupported: bool, check: bool
-             ) -> dict[str, Any]:
+def _options(target: str, lower: Iterable[str], allow_unsupported: bool, check: bool,
+             target_opset: int | None = None) -> dict[str, Any]:
     return {"target": target, "lower": list(lower), "allow_unsupported": allow_unsupported,
-            "check": check}
+            "check": check, "target_opset": target_opset}
 
 
 def decompose_many(inputs: Iterable[str | os.PathLike[str]],
@@ -305,7 +306,8 @@ def decompose_many(inputs: Iterable[str | os.PathLike[str]],
                    target: str = "portable", lower: Iterable[str] = (),
                    allow_unsupported: bool = False, check: bool = True,
                    pattern_sources: Sequence[str] = (), override: bool = False,
-                   progress: Callable[[ModelResult], None] | None = None) -> BatchReport:
+                   progress: Callable[[ModelResult], None] | None = None,
+                   target_opset: int | None = None) -> BatchReport:
     """Decompose every model of ``inputs`` into ``output_dir`` (see the module docstring).
     Raises ModelIOError (nothing written) for a missing input or an unusable output folder;
     per-model failures are in the report."""
@@ -318,7 +320,7 @@ def decompose_many(inputs: Iterable[str | os.PathLike[str]],
         raise ModelIOError(f"two inputs would be written to {clashes[0]}; give them "
                            "different names or separate runs")
     _prepare_output_folder(folder, [rel for _, rel in models])
-    options = _options(target, lower, allow_unsupported, check)
+    options = _options(target, lower, allow_unsupported, check, target_opset)
     tasks = [(_decompose_one, (str(src), str(dst), options))
              for (src, _), dst in zip(models, destinations, strict=True)]
     workers = jobs or os.cpu_count() or 1
@@ -342,7 +344,8 @@ def check_many(inputs: Iterable[str | os.PathLike[str]], *, engines: Sequence[st
                jobs: int | None = None, target: str = "portable", lower: Iterable[str] = (),
                check: bool = True, pattern_sources: Sequence[str] = (),
                override: bool = False,
-               progress: Callable[[ModelResult], None] | None = None) -> BatchReport:
+               progress: Callable[[ModelResult], None] | None = None,
+               target_opset: int | None = None) -> BatchReport:
     """Report, writing nothing, which models still need a plugin (status "unsupported",
     exit 3) and, for ``engines``, which standard ops each engine lacks in the decomposed
     model (status "needs-engine-work", exit 0: the ``--lower`` fix is in the entry)."""
@@ -356,7 +359,7 @@ def check_many(inputs: Iterable[str | os.PathLike[str]], *, engines: Sequence[st
                                 f"{', '.join(known_engines())}")
     started = time.perf_counter()
     models = collect_models(inputs)
-    options = _options(target, lower, True, check)
+    options = _options(target, lower, True, check, target_opset)
     tasks = [(_check_one, (str(src), options, tuple(engines))) for src, _ in models]
     workers = jobs or os.cpu_count() or 1
     results = _run_all(tasks, workers, (tuple(pattern_sources), override), progress)

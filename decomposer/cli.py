@@ -80,6 +80,12 @@ def _parser() -> argparse.ArgumentParser:
                              "4-bit matmuls) stay int4/int8 behind a DequantizeLinear at "
                              "opset 21+, for ONNX Runtime, OpenVINO and TensorRT (not TVM or "
                              "the converters)")
+    parser.add_argument("--target-opset", type=int, metavar="N", dest="target_opset",
+                        help="take the model down to default-domain opset N (11 to the "
+                             "newest): standard ops are rewritten to N's signatures, ops N "
+                             "lacks are lowered by patterns, custom nodes decomposed at N; "
+                             "what N cannot say exits 3. At or above the model's opset: no "
+                             "change (never upgrades)")
     parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
                         help="also decompose these standard ONNX ops where the opset defines "
                              "them, for engines that lack them (an op onnx2torch or another "
@@ -212,7 +218,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     report = decompose_file(args.input, args.output, allow_unsupported=args.allow_unsupported,
                             check=not args.no_check, registry=registry, dry_run=args.dry_run,
                             verify=args.verify is not None, verify_options=options,
-                            target=args.target, lower=_split_names(args.lower))
+                            target=args.target, lower=_split_names(args.lower),
+                            target_opset=args.target_opset)
     if args.report:
         _write_report(args.report, report.to_dict())
     if not args.quiet:
@@ -279,7 +286,8 @@ def _run_many(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             args.paths, args.output_dir, jobs=args.jobs, target=args.target,
             lower=_split_names(args.lower), allow_unsupported=args.allow_unsupported,
             check=not args.no_check, pattern_sources=args.patterns, override=args.override,
-            progress=(lambda _: bar.update(1)) if bar is not None else None)
+            progress=(lambda _: bar.update(1)) if bar is not None else None,
+            target_opset=args.target_opset)
     finally:
         if bar is not None:
             bar.close()
@@ -305,6 +313,8 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target", choices=TARGETS, default="portable")
     parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
                         help="check as if these standard ops were decomposed too")
+    parser.add_argument("--target-opset", type=int, metavar="N", dest="target_opset",
+                        help="check as if taken down to opset N: name what cannot go down")
     parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE")
     parser.add_argument("--override", action="store_true")
     parser.add_argument("--report", metavar="FILE.json", help="write the JSON report")
@@ -337,7 +347,7 @@ def check_main(argv: Sequence[str]) -> int:
                                 check=not args.no_check, pattern_sources=args.patterns,
                                 override=args.override,
                                 progress=(lambda _: bar.update(1)) if bar is not None
-                                else None)
+                                else None, target_opset=args.target_opset)
         finally:
             if bar is not None:
                 bar.close()

@@ -71,6 +71,7 @@ from decomposer.graphs import (
     opset_map,
     subgraphs,
 )
+from decomposer.opsets import NEWEST_OPSET, take_down
 from decomposer.pattern import Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
@@ -184,7 +185,7 @@ class _Rewriter:
 
         found = self.registry.lookup(node)
         if found is None:
-            reject(_no_pattern_reason(node, self.target))
+            reject(_no_pattern_reason(node, self.target, opsets.get("", 0)))
             return False
         pattern, form = found
         opset = opsets.get("", 0)
@@ -299,7 +300,15 @@ class _Rewriter:
                                                  scope.label, pattern_name, count))
 
 
-def _no_pattern_reason(node: onnx.NodeProto, target: str) -> str:
+def _no_pattern_reason(node: onnx.NodeProto, target: str, opset: int = 0) -> str:
+    if norm_domain(node.domain) == "" and onnx.defs.has(node.op_type):
+        first = int(onnx.defs.get_schema(node.op_type, NEWEST_OPSET, "").since_version)
+        for version in range(1, NEWEST_OPSET + 1):
+            if has_schema(node.op_type, version, ""):
+                first = version
+                break
+        return (f"ONNX defines {node.op_type} from opset {first}; opset {opset} has no such "
+                f"op and no pattern lowers it; the lowest target that keeps it is {first}")
     if norm_domain(node.domain) in RUNTIME_ONLY_DOMAINS and target != "ort":
         return ("an ONNX Runtime-only contrib op (other engines have no kernel for it) and no "
                 "pattern rewrites it; target 'ort' (CLI: --target ort) keeps it for ONNX "
@@ -345,9 +354,16 @@ def _has_candidate(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
 
 def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         allow_unsupported: bool = False, check: bool = True, target: str = "portable",
-        lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None
-        ) -> tuple[onnx.ModelProto, Report]:
+        lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None,
+        target_opset: int | None = None) -> tuple[onnx.ModelProto, Report]:
     """Rewrite ``model``; return the new model and the report. ``model`` is not mutated.
+
+    ``target_opset`` (11 to the newest) takes a model at a newer default-domain opset down
+    to it (:mod:`decomposer.opsets`): its standard ops are rewritten to that opset's
+    signatures, ops it does not define go to the lowering patterns, and custom nodes are
+    decomposed straight at it. A node the target cannot say is an unsupported node (exit
+    3, even with ``allow_unsupported``). At or above the model's opset nothing changes:
+    decomposer never upgrades.
 
     ``base_dir`` is the folder of the file ``model`` came from: a pattern that repacks
     weights (``MatchContext.weight``) reads external ones from there.
@@ -364,7 +380,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     """
     with _collector_paused():
         return _run(model, registry=registry, allow_unsupported=allow_unsupported,
-                    check=check, target=target, lower=lower, base_dir=base_dir)
+                    check=check, target=target, lower=lower, base_dir=base_dir,
+                    target_opset=target_opset)
 
 
 _pause_lock = threading.Lock()
@@ -393,12 +410,13 @@ def _collector_paused() -> Iterator[None]:
 
 def _run(model: onnx.ModelProto, *, registry: Registry | None,
          allow_unsupported: bool, check: bool, target: str,
-         lower: Iterable[str], base_dir: str | os.PathLike[str] | None
-         ) -> tuple[onnx.ModelProto, Report]:
+         lower: Iterable[str], base_dir: str | os.PathLike[str] | None,
+         target_opset: int | None = None) -> tuple[onnx.ModelProto, Report]:
     validate_structure(model)
     if target not in TARGETS:
         raise InvalidModelError(f"unknown target {target!r}; use one of: "
                                 f"{', '.join(TARGETS)}")
+    _check_target_opset(target_opset)
     registry = registry if registry is not None else default_registry()
     lowered = _lowerable(lower, registry)
     opsets = opset_map(list(model.opset_import))
@@ -411,13 +429,25 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     schema_classifier = OpClassifier(local_functions)
     classifier = OpClassifier(local_functions, runtime_ops=_runtime_ops(target),
                               lowered=lowered)
-    if not _has_candidate(out, classifier):
+    source_opset = opsets.get("", 0)
+    going_down = target_opset is not None and 0 < target_opset < source_opset
+    if going_down:
+        assert target_opset is not None
+        if check:
+            try:
+                check_input(model, schema_classifier, full=True)
+            except InvalidModelError:
+                if not _drop_stale_value_info(out, schema_classifier, report, set()):
+                    raise
+        _take_down(out, target_opset, report)
+        opsets = opset_map(list(out.opset_import))
+    elif not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
         # (full_check's strict shape inference rejects even some of ONNX's own test models).
         if check:
             check_input(model, schema_classifier, full=False)
         return out, report
-    if check:
+    if check and not going_down:
         try:
             check_input(model, schema_classifier, full=True)
         except InvalidModelError:
@@ -468,6 +498,32 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
                 raise
             check_output(out, schema_classifier, rewriter.rewritten_outputs)
     return out, report
+
+
+def _check_target_opset(target_opset: int | None) -> None:
+    if target_opset is None:
+        return
+    if isinstance(target_opset, bool) or not isinstance(target_opset, int) or \
+            not MIN_OPSET <= target_opset <= NEWEST_OPSET:
+        raise InvalidModelError(f"target opset {target_opset!r} is out of range: decomposer "
+                                f"writes default-domain opsets {MIN_OPSET} to {NEWEST_OPSET}")
+
+
+def _take_down(out: onnx.ModelProto, target_opset: int, report: Report) -> None:
+    """Standard ops down to ``target_opset`` (decomposer.opsets); what the target cannot
+    say stops the run whatever ``allow_unsupported`` says: no engine could read it."""
+    report.source_opset = report.opset
+    report.opset = target_opset
+    refusals = take_down(out, target_opset)
+    report.taken_down = True
+    if refusals:
+        issues = [NodeIssue(r.name, r.op_type, "", r.graph, r.describe(target_opset))
+                  for r in refusals]
+        report.unsupported.extend(issues)
+        lines = "\n  ".join(issue.describe() for issue in issues)
+        raise UnsupportedNodeError(
+            f"{len(issues)} node(s) cannot go down to opset {target_opset}:\n  {lines}",
+            issues, report)
 
 
 def _blame_the_input(model: onnx.ModelProto, out: onnx.ModelProto,

@@ -1,235 +1,452 @@
-"""Moving a model at opset 18 down to an older default-domain opset (11-17).
+"""Taking a model's standard ops down to an older default-domain opset (``--target-opset``).
 
-In: a ``ModelProto`` whose default-domain import is newer than the target (torch's
-exporter writes 18 whatever opset is asked for). Out: a copy at the target opset with the
-same meaning, or :class:`decomposer.ExportError` naming the node that the older opset
-cannot say and the opset that can.
+In: a ``ModelProto`` (changed in place: the engine hands its own copy) and a target opset
+N (11 up to the newest). Out: the same model at opset N: every default-domain node whose
+schema at N differs from its schema at the model's opset is rewritten to N's signature
+with the same meaning, in every graph (If/Loop/Scan bodies included) and in every
+model-local function that imports the default domain; the IR version follows N. What it
+cannot rewrite is returned as :class:`Refusal`s (the engine turns them into exit 3).
 
-onnx's own version converter has no down-adapter for most ops (Add-14, Shape-15,
-Split-18, Pad-18, BatchNormalization-15 ...), though between 11 and 18 the ops torch writes
-changed meaning only where an attribute became an input. So: axes/split inputs become
-attributes again (they must be constants); Shape(start, end) becomes Shape -> Slice; an
-attribute the older op lacks must hold its default and is dropped, as is an empty trailing
-input; an op the older opset does not have is refused. Needs no torch.
+Nodes of an op N does not define (LayerNormalization below 17, Gelu below 20, ...) are
+left as they are: at N they are no longer standard, so the engine's lowering patterns
+rewrite them like any other non-standard node.
+
+How one node goes down: for each version of its op newer than the one N has, newest
+first, the step's adapter (:data:`ADAPTERS`, written from onnx/docs/Changelog.md) brings
+it to the previous version's signature. Every step then drops what the older schema lacks
+if it holds its default (an attribute, or an absent trailing input), and refuses anything
+else. Last, an input or output whose element type N's schema does not allow is carried in
+a wider type that holds every value exactly (``float16``/``bfloat16`` in ``float``, small
+integers in ``int32``, ...), with a ``Cast`` on each side. ``docs/opset-adapters.md``
+(generated from :func:`adapter_table`) lists every op and version pair.
+
+A target at or above the model's opset changes nothing here: decomposer never upgrades.
+Needs no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, defs, helper, numpy_helper
 
-from decomposer.errors import ExportError
-from decomposer.graphs import all_graphs
+from decomposer.graphs import all_graphs, norm_domain, subgraphs
 
-__all__ = ["convert_opset", "default_opset"]
+__all__ = ["ADAPTERS", "NEWEST_OPSET", "Refusal", "adapter_table", "default_opset",
+           "ir_version_for", "take_down"]
 
-# Ops whose axes (or split sizes) became an input: below this opset they are an attribute.
-# (The Reduce ops' noop_with_empty_axes appeared with the input; onnx keeps it as is.)
-_AXES_INPUT_SINCE = {"ReduceSum": 13, "Squeeze": 13, "Unsqueeze": 13, "Split": 13,
-                     **{name: 18 for name in (
-                         "ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd",
-                         "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSum",
-                         "ReduceLogSumExp")}}
+NEWEST_OPSET = defs.onnx_opset_version()
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A standard node that opset ``target`` cannot say, why, and the lowest opset that can
+    (None when no older opset can: then only a newer target keeps it)."""
+
+    name: str
+    op_type: str
+    graph: str
+    reason: str
+    lowest: int | None
+
+    def describe(self, target: int) -> str:
+        fix = f"; the lowest target that keeps it is {self.lowest}" if self.lowest else ""
+        return f"opset {target} cannot say it: {self.reason}{fix}"
+
+
+class CannotSay(Exception):
+    """Raised by an adapter: the node's meaning has no spelling below ``since``."""
+
+    def __init__(self, reason: str, since: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.since = since
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
     for entry in model.opset_import:
-        if entry.domain in ("", "ai.onnx"):
+        if norm_domain(entry.domain) == "":
             return int(entry.version)
     return None
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """Inline initializers and Constant-node values of every graph, by name."""
-    from onnx import numpy_helper
+def ir_version_for(opset: int) -> int:
+    """The IR version that the runtimes of default-domain ``opset`` read: the one the ONNX
+    release that introduced ``opset`` wrote (older runtimes refuse a newer IR)."""
+    for _release, ir_version, ai_onnx, *_ in helper.VERSION_TABLE:
+        if ai_onnx >= opset:
+            return int(ir_version)
+    return int(onnx.IR_VERSION)
 
-    found: dict[str, np.ndarray] = {}
-    for graph in all_graphs(model.graph):
+
+# -- type facts --------------------------------------------------------------------------
+
+# Wider types that hold every value of a narrower one, in the order they are tried. Only
+# integer carriers for integers first: integer arithmetic wraps, and a wrapped int32 cast
+# back to int8 wraps the same way; a float carrier would not.
+_CARRIERS: dict[int, tuple[int, ...]] = {
+    TensorProto.BFLOAT16: (TensorProto.FLOAT, TensorProto.DOUBLE),
+    TensorProto.FLOAT16: (TensorProto.FLOAT, TensorProto.DOUBLE),
+    TensorProto.INT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
+                       TensorProto.FLOAT),
+    TensorProto.UINT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
+                        TensorProto.FLOAT),
+    TensorProto.INT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
+                        TensorProto.FLOAT),
+    TensorProto.UINT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
+                         TensorProto.FLOAT),
+    TensorProto.INT32: (TensorProto.INT64, TensorProto.DOUBLE),
+    TensorProto.UINT32: (TensorProto.INT64, TensorProto.DOUBLE),
+    TensorProto.BOOL: (TensorProto.INT32, TensorProto.UINT8, TensorProto.FLOAT),
+}
+# Ops that create or reinterpret a type: computing them in another type changes them.
+_NO_CARRIER = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "EyeLike",
+                         "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
+                         "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
+                         "BitShift", "BitwiseNot", "Mod"})
+# Ops whose result on a bool tensor is not the cast of the result on its 0/1 values.
+_NO_BOOL_CARRIER = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sum", "Mean", "CumSum",
+                              "ReduceSum", "ReduceMean", "ReduceProd"})
+
+
+def _type_name(elem_type: int) -> str:
+    return str(helper.tensor_dtype_to_string(elem_type)).removeprefix("TensorProto.").lower()
+
+
+def _type_str(elem_type: int) -> str:
+    name = {"float": "float", "double": "double", "bfloat16": "bfloat16"}.get(
+        _type_name(elem_type), _type_name(elem_type))
+    return f"tensor({name})"
+
+
+# -- the walk ----------------------------------------------------------------------------
+
+
+@dataclass
+class _Facts:
+    """Element types, shapes and constant values of one name space, from ONNX shape
+    inference on the model as it was (at its own opset)."""
+
+    types: dict[str, int] = field(default_factory=dict)
+    shapes: dict[str, tuple[int | str | None, ...]] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def learn(self, graph: onnx.GraphProto) -> None:
+        for value in [*graph.input, *graph.value_info, *graph.output]:
+            tensor = value.type.tensor_type
+            if value.type.HasField("tensor_type") and tensor.elem_type:
+                self.types[value.name] = tensor.elem_type
+                if tensor.HasField("shape"):
+                    self.shapes[value.name] = tuple(
+                        d.dim_value if d.HasField("dim_value") else
+                        (d.dim_param or None) for d in tensor.shape.dim)
+        fed = {value.name for value in graph.input}  # an initializer a caller may override
         for tensor in graph.initializer:
-            if tensor.data_location != TensorProto.EXTERNAL:
-                found[tensor.name] = numpy_helper.to_array(tensor)
+            self.types[tensor.name] = tensor.data_type
+            self.shapes[tensor.name] = tuple(tensor.dims)
+            if tensor.data_location != TensorProto.EXTERNAL and tensor.name not in fed:
+                self.constants[tensor.name] = numpy_helper.to_array(tensor)
         for node in graph.node:
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+            if node.op_type == "Constant" and norm_domain(node.domain) == "":
                 value = next((a.t for a in node.attribute if a.name == "value"), None)
                 if value is not None:
-                    found[node.output[0]] = numpy_helper.to_array(value)
-    return found
+                    self.constants[node.output[0]] = numpy_helper.to_array(value)
+                    self.types[node.output[0]] = value.data_type
+                    self.shapes[node.output[0]] = tuple(value.dims)
 
 
-def convert_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
-    """``model`` (default-domain opset 18 or older) rewritten for the older ``opset``, as
-    the module docstring says; ``model`` itself is not changed."""
-    from onnx import defs
+class Site:
+    """One node being taken down, with what an adapter may ask and write around it."""
 
-    source_opset = default_opset(model) or 18
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    constants = _constants(out)
-    taken = {name for graph in all_graphs(out.graph) for node in graph.node
-             for name in node.output}
-    detached: set[str] = set()
-    ranks = {value.name: len(value.type.tensor_type.shape.dim)
-             for graph in all_graphs(out.graph)
-             for value in [*graph.input, *graph.value_info, *graph.output]
-             if value.type.tensor_type.HasField("shape")}
-    for graph in all_graphs(out.graph):
-        nodes: list[onnx.NodeProto] = []
-        for node in graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                nodes.append(node)
-                continue
-            try:
-                target_schema = defs.get_schema(node.op_type, opset, "")
-                source_schema = defs.get_schema(node.op_type, source_opset, "")
-            except defs.SchemaError:
-                first = _first_opset(node.op_type)
-                raise ExportError(f"node '{node.name}' is {node.op_type}, which ONNX defines "
-                                  f"from opset {first} on; export at opset >= {first}") from None
-            if target_schema.since_version == source_schema.since_version:
-                nodes.append(node)
-                continue
-            detached.update(_axes_to_attribute(node, opset, constants))
-            _softmax_axis(node, opset, ranks)
-            nodes.extend(_resize_inputs(node, opset, taken))
-            _reshape_allowzero(node, constants)
-            bounds = _fit_attributes(node, opset, target_schema, source_schema)
-            while len(node.input) > target_schema.max_input and not node.input[-1]:
-                node.input.pop()
-            if len(node.input) > target_schema.max_input:
-                raise ExportError(f"node '{node.name}' ({node.op_type}) has "
-                                  f"{len(node.input)} inputs; opset {opset} takes "
-                                  f"{target_schema.max_input}; export at a newer opset")
-            nodes.append(node)
-            if bounds:
-                nodes.extend(_slice_shape(node, bounds, taken))
-        del graph.node[:]
-        graph.node.extend(nodes)
-    for entry in out.opset_import:
-        if entry.domain in ("", "ai.onnx"):
-            entry.version = opset
-    _drop_unused(out, detached)
-    return out
+    def __init__(self, node: onnx.NodeProto, facts: _Facts, fresh: Callable[[str], str],
+                 target: int) -> None:
+        self.node = node
+        self.facts = facts
+        self.fresh = fresh
+        self.target = target
+        self.before: list[onnx.NodeProto] = []
+        self.after: list[onnx.NodeProto] = []
+        self.replacement: list[onnx.NodeProto] | None = None  # the node becomes these
+
+    # what an adapter reads
+    @property
+    def label(self) -> str:
+        return self.node.name or (self.node.output[0] if self.node.output else self.node.op_type)
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        for attribute in self.node.attribute:
+            if attribute.name == name:
+                return helper.get_attribute_value(attribute)
+        return default
+
+    def input(self, index: int) -> str:
+        return self.node.input[index] if index < len(self.node.input) else ""
+
+    def constant(self, name: str) -> np.ndarray | None:
+        return self.facts.constants.get(name) if name else None
+
+    def rank(self, name: str) -> int | None:
+        shape = self.facts.shapes.get(name)
+        return None if shape is None else len(shape)
+
+    def shape(self, name: str) -> tuple[int | str | None, ...] | None:
+        return self.facts.shapes.get(name)
+
+    def elem_type(self, name: str) -> int | None:
+        return self.facts.types.get(name)
+
+    # what an adapter writes
+    def set_attr(self, name: str, value: Any) -> None:
+        self.drop_attr(name)
+        self.node.attribute.append(helper.make_attribute(name, value))
+
+    def drop_attr(self, *names: str) -> None:
+        kept = [a for a in self.node.attribute if a.name not in names]
+        del self.node.attribute[:]
+        self.node.attribute.extend(kept)
+
+    def const(self, hint: str, value: np.ndarray) -> str:
+        name = self.fresh(f"{self.label}/{hint}")
+        self.before.append(helper.make_node("Constant", [], [name], name=name,
+                                            value=numpy_helper.from_array(value, name)))
+        return name
+
+    def add(self, where: list[onnx.NodeProto], op_type: str, inputs: list[str],
+            hint: str, **attrs: Any) -> str:
+        name = self.fresh(f"{self.label}/{hint}")
+        where.append(helper.make_node(op_type, inputs, [name], name=name, **attrs))
+        return name
+
+    def cast_after(self, index: int, to: int, hint: str = "cast") -> None:
+        """Output ``index`` is computed in another type: the node writes a fresh name and
+        a Cast to ``to`` writes the original one."""
+        original = self.node.output[index]
+        inner = self.fresh(f"{self.label}/{hint}{index}")
+        self.node.output[index] = inner
+        self.after.append(helper.make_node("Cast", [inner], [original],
+                                           name=self.fresh(f"{self.label}/{hint}_back{index}"),
+                                           to=to))
 
 
-def _drop_unused(model: onnx.ModelProto, names: set[str]) -> None:
-    """Remove the initializers and Constant nodes in ``names`` that nothing reads now."""
-    used = {name for graph in all_graphs(model.graph) for node in graph.node
-            for name in node.input}
-    used.update(output.name for output in model.graph.output)
-    unused = names - used
-    if not unused:
+Adapter = Callable[[Site], None]
+
+
+def take_down(model: onnx.ModelProto, target: int) -> list[Refusal]:
+    """Rewrite ``model`` in place for default-domain opset ``target`` (see the module
+    docstring). Returns what could not go down; ``model`` is at ``target`` either way."""
+    source = default_opset(model)
+    if source is None or target >= source:
+        return []
+    refusals: list[Refusal] = []
+    taken = _names(model)
+
+    def fresh(base: str) -> str:
+        name, counter = base, 0
+        while name in taken:
+            counter += 1
+            name = f"{base}_{counter}"
+        taken.add(name)
+        return name
+
+    if model.functions and ir_version_for(target) < 8:
+        # IR 7 and older (opsets 12-14) have no model-local functions.
+        from onnx import inliner
+
+        inlined = inliner.inline_local_functions(model)
+        model.CopyFrom(inlined)
+    facts = _infer(model)
+    read_before = _reads(model)
+    for graph, label in _graphs(model.graph, "main graph"):
+        _take_down_nodes(graph.node, source, target, facts, fresh, label, refusals)
+    for function in model.functions:
+        version = next((int(i.version) for i in function.opset_import
+                        if norm_domain(i.domain) == ""), None)
+        if version is None or version <= target:
+            continue
+        function_facts = _Facts()
+        shell = onnx.GraphProto()
+        shell.node.extend(function.node)
+        function_facts.learn(shell)
+        for graph, label in _graphs(shell, f"function {function.domain}::{function.name}"):
+            _take_down_nodes(graph.node, version, target, function_facts, fresh, label,
+                             refusals)
+        del function.node[:]
+        function.node.extend(shell.node)
+        for entry in function.opset_import:
+            if norm_domain(entry.domain) == "":
+                entry.version = target
+    for entry in model.opset_import:
+        if norm_domain(entry.domain) == "":
+            entry.version = target
+    model.ir_version = min(model.ir_version, ir_version_for(target))
+    _drop_detached(model, read_before - _reads(model))
+    return refusals
+
+
+def _reads(model: onnx.ModelProto) -> set[str]:
+    names = {name for graph in all_graphs(model.graph) for node in graph.node
+             for name in node.input}
+    names.update(output.name for graph in all_graphs(model.graph) for output in graph.output)
+    return names
+
+
+def _drop_detached(model: onnx.ModelProto, unread: set[str]) -> None:
+    """Initializers and Constants that only fed an input now turned into an attribute (axes,
+    split, pads): nothing reads them any more."""
+    if not unread:
         return
     for graph in all_graphs(model.graph):
-        kept_tensors = [t for t in graph.initializer if t.name not in unused]
-        kept_nodes = [n for n in graph.node
-                      if not (n.op_type == "Constant" and n.output[0] in unused)]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_tensors)
-        del graph.node[:]
-        graph.node.extend(kept_nodes)
+        if any(t.name in unread for t in graph.initializer):
+            kept_tensors = [t for t in graph.initializer if t.name not in unread]
+            del graph.initializer[:]
+            graph.initializer.extend(kept_tensors)
+        if any(n.op_type == "Constant" and n.output[0] in unread for n in graph.node):
+            kept_nodes = [n for n in graph.node
+                          if not (n.op_type == "Constant" and n.output[0] in unread)]
+            del graph.node[:]
+            graph.node.extend(kept_nodes)
 
 
-def _axes_to_attribute(node: onnx.NodeProto, opset: int, constants: Mapping[str, np.ndarray]
-                       ) -> list[str]:
-    """Move an axes/split input back to an attribute; returns the tensor it detached."""
-    since = _AXES_INPUT_SINCE.get(node.op_type)
-    if since is None or opset >= since or len(node.input) < 2:
-        return []
-    name = node.input[1]
-    if name:
-        if name not in constants:
-            raise ExportError(f"node '{node.name}' ({node.op_type}) reads its "
-                              f"{'split' if node.op_type == 'Split' else 'axes'} from "
-                              f"'{name}', which is not a constant; opset {opset} needs an "
-                              f"attribute there; export at opset >= {since}")
-        values = [int(v) for v in np.asarray(constants[name]).reshape(-1)]
-        key = "split" if node.op_type == "Split" else "axes"
-        node.attribute.append(helper.make_attribute(key, values))
-    del node.input[1]
-    return [name] if name else []
+def _graphs(graph: onnx.GraphProto, label: str) -> Iterator[tuple[onnx.GraphProto, str]]:
+    yield graph, label
+    for node in graph.node:
+        for attr_label, sub in subgraphs(node):
+            yield from _graphs(sub, f"{label} > {node.op_type} '{node.name}' {attr_label}")
 
 
-def _resize_inputs(node: onnx.NodeProto, opset: int, taken: set[str]
-                   ) -> list[onnx.NodeProto]:
-    """Resize before opset 13 requires its roi and scales inputs, which torch leaves empty:
-    they get empty float tensors (what "not given" meant then). Returns their Constants."""
-    if node.op_type != "Resize" or opset >= 13:
-        return []
-    constants = []
-    for position in (1, 2):
-        if position < len(node.input) and not node.input[position]:
-            name = _fresh(f"{node.name or 'resize'}_empty{position}", taken)
-            constants.append(helper.make_node("Constant", [], [name], name=name, value=(
-                helper.make_tensor(name, TensorProto.FLOAT, [0], []))))
-            node.input[position] = name
-    return constants
+def _names(model: onnx.ModelProto) -> set[str]:
+    names: set[str] = set()
+    for graph in all_graphs(model.graph):
+        names.update(value.name for value in [*graph.input, *graph.output, *graph.value_info])
+        names.update(t.name for t in graph.initializer)
+        for node in graph.node:
+            names.update(node.input)
+            names.update(node.output)
+            names.add(node.name)
+    for function in model.functions:
+        names.update(function.input)
+        names.update(function.output)
+        for node in function.node:
+            names.update(node.input)
+            names.update(node.output)
+            names.add(node.name)
+    return names
 
 
-def _reshape_allowzero(node: onnx.NodeProto, constants: Mapping[str, np.ndarray]) -> None:
-    """torch writes Reshape(allowzero=1), which opsets before 14 cannot say; it means the
-    same as the older Reshape when the target shape holds no 0, so a constant shape without
-    0 drops it."""
-    if node.op_type != "Reshape" or not any(a.name == "allowzero" and a.i
-                                            for a in node.attribute):
-        return
-    shape = constants.get(node.input[1]) if len(node.input) > 1 else None
-    if shape is None or (np.asarray(shape) == 0).any():
-        raise ExportError(f"node '{node.name}' (Reshape) takes a literal 0 in its target "
-                          f"shape (allowzero=1) that opsets before 14 cannot say; export at "
-                          f"opset >= 14")
-    kept = [a for a in node.attribute if a.name != "allowzero"]
-    del node.attribute[:]
-    node.attribute.extend(kept)
+def _infer(model: onnx.ModelProto) -> _Facts:
+    facts = _Facts()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # inference is a help here, not a requirement  # noqa: BLE001
+        inferred = model
+    for graph in all_graphs(inferred.graph):
+        facts.learn(graph)
+    return facts
 
 
-def _softmax_axis(node: onnx.NodeProto, opset: int, ranks: Mapping[str, int]) -> None:
-    """Before opset 13 Softmax, LogSoftmax and Hardmax flatten the input to 2-D around
-    ``axis`` (default 1); from 13 they work along ``axis`` (default -1). They agree only
-    along the last axis, which is then written out."""
-    if node.op_type not in ("Softmax", "LogSoftmax", "Hardmax") or opset >= 13:
-        return
-    axis = next((a.i for a in node.attribute if a.name == "axis"), -1)
-    if axis != -1 and axis != ranks.get(node.input[0], 0) - 1:
-        raise ExportError(f"node '{node.name}' ({node.op_type}) works along axis {axis}; "
-                          f"before opset 13 only the last axis means the same; export at "
-                          f"opset >= 13")
-    kept = [a for a in node.attribute if a.name != "axis"]
-    del node.attribute[:]
-    node.attribute.extend([*kept, helper.make_attribute("axis", -1)])
+def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
+                     fresh: Callable[[str], str], label: str, refusals: list[Refusal]) -> None:
+    rebuilt: list[onnx.NodeProto] = []
+    changed = False
+    for node in list(nodes):
+        if norm_domain(node.domain) != "":
+            rebuilt.append(node)
+            continue
+        site = Site(node, facts, fresh, target)
+        try:
+            touched = _take_down_node(site, source, target)
+        except CannotSay as why:
+            refusals.append(Refusal(node.name, node.op_type, label, why.reason,
+                                    why.since if why.since > target else None))
+            rebuilt.append(node)
+            continue
+        if touched:
+            changed = True
+        rebuilt.extend(site.before)
+        rebuilt.extend(site.replacement if site.replacement is not None else [site.node])
+        rebuilt.extend(site.after)
+    if changed:
+        del nodes[:]
+        nodes.extend(rebuilt)
 
 
-def _fit_attributes(node: onnx.NodeProto, opset: int, target: Any, source: Any
-                    ) -> dict[str, int]:
-    """Drop attributes ``target`` lacks (they must hold ``source``'s default); returns a
-    Shape's start/end, which need a Slice instead."""
-    bounds: dict[str, int] = {}
+def _history(op_type: str) -> list[int]:
+    """The since-versions of ``op_type`` in the default domain, oldest first."""
+    return _HISTORY.get(op_type, [])
+
+
+def _schema(op_type: str, version: int) -> Any | None:
+    try:
+        return defs.get_schema(op_type, version, "")
+    except defs.SchemaError:
+        return None
+
+
+def _take_down_node(site: Site, source: int, target: int) -> bool:
+    """Bring ``site.node`` from its schema at ``source`` to its schema at ``target``;
+    returns whether anything was written. Raises CannotSay."""
+    node = site.node
+    source_schema = _schema(node.op_type, source)
+    target_schema = _schema(node.op_type, target)
+    if source_schema is None:
+        return False  # not a standard op at all: the engine's business
+    if target_schema is None:
+        return False  # not defined at the target: a lowering pattern's business
+    if source_schema.since_version == target_schema.since_version:
+        return False
+    op_type = node.op_type
+    versions = [v for v in _history(op_type)
+                if target_schema.since_version < v <= source_schema.since_version]
+    for since in reversed(versions):
+        adapter = ADAPTERS.get((op_type, since))
+        if adapter is not None:
+            adapter(site)
+        if site.replacement is not None or node.op_type != op_type:
+            return True  # the node became other ops, standard at the target
+        older = _schema(op_type, since - 1)
+        newer = _schema(op_type, since)
+        if older is None or newer is None:
+            raise CannotSay(f"{op_type} has no version before {since}", since)
+        _fit_signature(site, newer, older, since)
+    _carry_types(site, target_schema, source_schema.since_version)
+    return True
+
+
+def _fit_signature(site: Site, newer: Any, older: Any, since: int) -> None:
+    """Drop what ``older`` lacks where it holds its default; refuse anything else."""
+    node = site.node
     kept = []
     for attribute in node.attribute:
-        if attribute.name in target.attributes:
+        if attribute.name in older.attributes:
             kept.append(attribute)
-        elif node.op_type == "Shape" and attribute.name in ("start", "end"):
-            bounds[attribute.name] = attribute.i
-        elif node.op_type == "Split" and attribute.name == "num_outputs":
-            continue  # without split sizes, older Splits cut evenly into the outputs
-        elif not _is_default(attribute, source.attributes.get(attribute.name)):
-            raise ExportError(f"node '{node.name}' ({node.op_type}) sets {attribute.name}, "
-                              f"which opset {opset} does not have; export at a newer opset")
-    del node.attribute[:]
-    node.attribute.extend(kept)
-    return bounds
-
-
-def _first_opset(op_type: str) -> int | str:
-    from onnx import defs
-
-    try:
-        return int(defs.get_schema(op_type, defs.onnx_opset_version(), "").since_version)
-    except defs.SchemaError:
-        return "?"
+        elif not _is_default(attribute, newer.attributes.get(attribute.name)):
+            value = helper.get_attribute_value(attribute)
+            shown = value.decode() if isinstance(value, bytes) else value
+            raise CannotSay(f"{node.op_type} sets {attribute.name}={shown!r}, which "
+                            f"{node.op_type} before opset {since} does not have", since)
+    if len(kept) != len(node.attribute):
+        del node.attribute[:]
+        node.attribute.extend(kept)
+    while len(node.input) > older.max_input and not node.input[-1]:
+        node.input.pop()
+    for index, formal in enumerate(older.inputs[:len(node.input) or 1]):
+        single = str(formal.option).endswith("Single")
+        if single and (index >= len(node.input) or not node.input[index]):
+            raise CannotSay(f"{node.op_type} leaves out its '{formal.name}' input, which "
+                            f"{node.op_type} before opset {since} requires", since)
+    if len(node.input) > older.max_input:
+        extra = newer.inputs[min(older.max_input, len(newer.inputs) - 1)].name
+        raise CannotSay(f"{node.op_type} is given its '{extra}' input, which {node.op_type} "
+                        f"before opset {since} does not take", since)
+    while len(node.output) > older.max_output and not node.output[-1]:
+        node.output.pop()
+    if len(node.output) > older.max_output:
+        raise CannotSay(f"{node.op_type} writes {len(node.output)} outputs; before opset "
+                        f"{since} it has {older.max_output}", since)
 
 
 def _is_default(attribute: onnx.AttributeProto, declared: Any) -> bool:
@@ -239,28 +456,605 @@ def _is_default(attribute: onnx.AttributeProto, declared: Any) -> bool:
                 == helper.get_attribute_value(declared.default_value))
 
 
-def _slice_shape(node: onnx.NodeProto, bounds: Mapping[str, int], taken: set[str]
-                 ) -> list[onnx.NodeProto]:
-    """Shape(start, end) for opsets before 15: the node keeps the full shape, a Slice after
-    it writes the original output."""
-    sliced_output = node.output[0]
-    node.output[0] = _fresh(f"{sliced_output}_full", taken)
-    constants = []
-    for label, value in (("starts", bounds.get("start", 0)),
-                         ("ends", bounds.get("end", 1 << 62)), ("axes", 0)):
-        name = _fresh(f"{sliced_output}_{label}", taken)
-        constants.append(helper.make_node("Constant", [], [name], name=name, value=(
-            helper.make_tensor(name, TensorProto.INT64, [1], [value]))))
-    slice_node = helper.make_node("Slice", [node.output[0], *(c.output[0] for c in constants)],
-                                  [sliced_output],
-                                  name=_fresh(f"{node.name or sliced_output}_slice", taken))
-    return [*constants, slice_node]
+def _carry_types(site: Site, schema: Any, source_since: int) -> None:
+    """Cast inputs and outputs whose element type ``schema`` does not allow into a wider
+    type it allows that holds every value, and the outputs back. Slots that share a type
+    parameter at the target share the carrier."""
+    node = site.node
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    groups: dict[str, list[tuple[str, int, int]]] = {}  # key -> (kind, index, elem type)
+    accepted: dict[str, set[str]] = {}
+    for kind, formals, names in (("in", schema.inputs, node.input),
+                                 ("out", schema.outputs, node.output)):
+        for index, name in enumerate(names):
+            elem = site.elem_type(name) if name else None
+            if elem is None or not formals:
+                continue
+            type_str = formals[min(index, len(formals) - 1)].type_str
+            key = type_str if type_str in allowed else f"{kind}{index}"
+            accepted[key] = allowed.get(type_str, {type_str})
+            groups.setdefault(key, []).append((kind, index, elem))
+    cast = _schema("Cast", site.target)
+    castable = {t for c in cast.type_constraints for t in c.allowed_type_strs} if cast else set()
+    plans: dict[str, int] = {}
+    for key, slots in groups.items():
+        elems = list(dict.fromkeys(elem for _, _, elem in slots))
+        if len(elems) == 1 and _type_str(elems[0]) in accepted[key]:
+            continue
+        carrier = _common_carrier(elems, accepted[key])
+        refused = next((e for e in elems if _type_str(e) not in accepted[key]), elems[0])
+        since = _type_since(node.op_type, refused, source_since)
+        if carrier is None or node.op_type in _NO_CARRIER or (
+                TensorProto.BOOL in elems and node.op_type in _NO_BOOL_CARRIER):
+            raise CannotSay(f"{node.op_type} on {_type_name(refused)} is defined from opset "
+                            f"{since}", since)
+        if any(_type_str(e) not in castable for e in elems):
+            raise CannotSay(f"{node.op_type} on {_type_name(refused)} is defined from opset "
+                            f"{since}, and Cast at opset {site.target} cannot carry "
+                            f"{_type_name(refused)}", max(since, _type_since(
+                                "Cast", refused, NEWEST_OPSET)))
+        plans[key] = carrier
+    for key, carrier in plans.items():
+        for kind, index, elem in groups[key]:
+            if elem == carrier:
+                continue
+            if kind == "in":
+                node.input[index] = site.add(site.before, "Cast", [node.input[index]],
+                                             f"carry{index}", to=carrier)
+            else:
+                site.cast_after(index, elem, "carried")
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, counter = base, 1
-    while name in taken:
-        counter += 1
-        name = f"{base}_{counter}"
-    taken.add(name)
-    return name
+def _common_carrier(elems: list[int], accepted: set[str]) -> int | None:
+    """A type in ``accepted`` that holds every value of each of ``elems``."""
+    candidates = [*elems, *(c for e in elems for c in _CARRIERS.get(e, ()))]
+    for candidate in dict.fromkeys(candidates):
+        if _type_str(candidate) in accepted and all(
+                e == candidate or candidate in _CARRIERS.get(e, ()) for e in elems):
+            return candidate
+    return None
+
+
+def _type_since(op_type: str, elem: int, newest: int) -> int:
+    """The first version of ``op_type`` (up to ``newest``) that takes ``elem`` anywhere."""
+    for version in _history(op_type):
+        if version > newest:
+            break
+        schema = _schema(op_type, version)
+        if schema is None:
+            continue
+        if any(_type_str(elem) in c.allowed_type_strs for c in schema.type_constraints) or \
+                any(f.type_str == _type_str(elem) for f in [*schema.inputs, *schema.outputs]):
+            return version
+    return newest
+
+
+def _build_history() -> dict[str, list[int]]:
+    found: dict[str, set[int]] = {}
+    for schema in defs.get_all_schemas_with_history():
+        if schema.domain == "":
+            found.setdefault(schema.name, set()).add(int(schema.since_version))
+    return {name: sorted(versions) for name, versions in found.items()}
+
+
+_HISTORY = _build_history()
+
+
+# -- the adapters: one per (op, version) whose change needs more than dropping a default ---
+
+
+def _axes_to_attribute(key: str, since: int) -> Adapter:
+    """``since`` made ``key`` (axes, split) an input; before it, it is an attribute, so
+    the input must be a constant."""
+
+    def adapter(site: Site) -> None:
+        name = site.input(1)
+        if name:
+            value = site.constant(name)
+            if value is None:
+                raise CannotSay(f"{site.node.op_type} reads its {key} from '{name}', which is "
+                                f"not a constant, and before opset {since} {key} is an "
+                                f"attribute", since)
+            site.set_attr(key, [int(v) for v in np.asarray(value).reshape(-1)])
+        if len(site.node.input) > 1:
+            del site.node.input[1]
+
+    adapter.__doc__ = f"the {key} input becomes the attribute again (a constant input only)"
+    return adapter
+
+
+def _reduce_with_axes_input(since: int) -> Adapter:
+    inner = _axes_to_attribute("axes", since)
+
+    def adapter(site: Site) -> None:
+        noop = site.attr("noop_with_empty_axes", 0)
+        axes_name = site.input(1)
+        axes = site.constant(axes_name) if axes_name else np.zeros(0)
+        if noop and axes is not None and axes.size == 0:
+            # noop_with_empty_axes=1 with no axes: the input comes through unchanged.
+            site.replacement = [helper.make_node("Identity", [site.node.input[0]],
+                                                 [site.node.output[0]], name=site.node.name)]
+            return
+        if noop and axes is None:
+            raise CannotSay(f"{site.node.op_type} has noop_with_empty_axes=1 and run-time "
+                            f"axes that may be empty", since)
+        site.drop_attr("noop_with_empty_axes")
+        inner(site)
+
+    adapter.__doc__ = ("the axes input becomes the attribute again (a constant input only); "
+                       "noop_with_empty_axes=1 with no axes becomes Identity")
+    return adapter
+
+
+def _split_num_outputs(site: Site) -> None:
+    """Split-18's num_outputs: older Splits take the sizes (or cut evenly into the outputs)."""
+    count = site.attr("num_outputs")
+    site.drop_attr("num_outputs")
+    if count is None or site.input(1):
+        return
+    axis = int(site.attr("axis", 0))
+    shape = site.shape(site.node.input[0])
+    length = None
+    if shape is not None:
+        length = shape[axis if axis >= 0 else axis + len(shape)]
+    if isinstance(length, int) and length % count == 0:
+        return  # the older even split
+    if not isinstance(length, int):
+        raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length (the "
+                        "last part may be smaller), and older Splits need the sizes", 18)
+    chunk = -(-length // count)
+    sizes = [min(chunk, length - i * chunk) for i in range(count)]
+    site.node.input.append(site.const("split", np.array(sizes, dtype=np.int64)))
+
+
+def _pad_axes(site: Site) -> None:
+    """Pad-18's axes input: older Pads take pads for every axis."""
+    axes_name = site.input(3)
+    if not axes_name:
+        return
+    axes = site.constant(axes_name)
+    pads = site.constant(site.input(1))
+    rank = site.rank(site.node.input[0])
+    if axes is None or pads is None or rank is None:
+        raise CannotSay("Pad-18 pads the axes given by its axes input, and before opset 18 "
+                        "the pads must cover every axis: axes, pads and the rank must be "
+                        "known", 18)
+    full = np.zeros(2 * rank, dtype=np.int64)
+    count = len(axes)
+    for position, axis in enumerate(np.asarray(axes).reshape(-1)):
+        axis = int(axis) % rank
+        full[axis] = pads.reshape(-1)[position]
+        full[axis + rank] = pads.reshape(-1)[position + count]
+    site.node.input[1] = site.const("pads", full)
+    del site.node.input[3:]
+
+
+def _pad_wrap(site: Site) -> None:
+    if site.attr("mode", b"constant") == b"wrap":
+        raise CannotSay("Pad's mode 'wrap' is defined from opset 19", 19)
+
+
+def _shape_bounds(site: Site) -> None:
+    """Shape-15's start/end: the full shape, then a Slice."""
+    start, end = site.attr("start"), site.attr("end")
+    site.drop_attr("start", "end")
+    if start in (None, 0) and end is None:
+        return
+    target = site.target
+    original = site.node.output[0]
+    full = site.fresh(f"{site.label}/full")
+    site.node.output[0] = full
+    starts = site.const("starts", np.array([start or 0], dtype=np.int64))
+    ends = site.const("ends", np.array([end if end is not None else 1 << 62], dtype=np.int64))
+    axes = site.const("axes", np.array([0], dtype=np.int64))
+    if target < 10:  # pragma: no cover - decomposer's targets start at 11
+        raise CannotSay("Slice takes inputs from opset 10", 10)
+    site.after.append(helper.make_node("Slice", [full, starts, ends, axes], [original],
+                                       name=site.fresh(f"{site.label}/slice")))
+
+
+def _reshape_allowzero(site: Site) -> None:
+    """Reshape-14's allowzero=1 means the older Reshape when the target shape holds no 0."""
+    if not site.attr("allowzero", 0):
+        return
+    shape = site.constant(site.input(1))
+    if shape is None or (np.asarray(shape) == 0).any():
+        raise CannotSay("Reshape with allowzero=1 takes a 0 in the target shape literally "
+                        "(or the shape is computed at run time)", 14)
+    site.drop_attr("allowzero")
+
+
+def _softmax_axis(site: Site) -> None:
+    """Before 13, Softmax/LogSoftmax/Hardmax flatten to 2-D around ``axis``; from 13 they
+    work along ``axis``. The last axis means the same in both; another axis is moved last
+    with a Transpose on each side."""
+    rank = site.rank(site.node.input[0])
+    axis = int(site.attr("axis", -1))
+    if rank is None:
+        if axis == -1:
+            site.set_attr("axis", -1)
+            return
+        raise CannotSay(f"{site.node.op_type}-13 works along axis {axis} of an input of "
+                        f"unknown rank; before opset 13 only the last axis means the same", 13)
+    axis %= rank
+    site.set_attr("axis", rank - 1)
+    if axis == rank - 1:
+        return
+    order = [a for a in range(rank) if a != axis] + [axis]
+    inverse = [order.index(a) for a in range(rank)]
+    site.node.input[0] = site.add(site.before, "Transpose", [site.node.input[0]],
+                                  "to_last", perm=order)
+    original = site.node.output[0]
+    inner = site.fresh(f"{site.label}/along_last")
+    site.node.output[0] = inner
+    site.after.append(helper.make_node("Transpose", [inner], [original], perm=inverse,
+                                       name=site.fresh(f"{site.label}/back")))
+
+
+def _resize_13(site: Site) -> None:
+    """Before 13, Resize requires roi and scales; empty float tensors mean "not given"."""
+    for position in (1, 2):
+        if position < len(site.node.input) and not site.node.input[position]:
+            site.node.input[position] = site.const(f"empty{position}",
+                                                   np.zeros(0, dtype=np.float32))
+    if len(site.node.input) < 3:
+        while len(site.node.input) < 3:
+            site.node.input.append(site.const(f"empty{len(site.node.input)}",
+                                              np.zeros(0, dtype=np.float32)))
+    mode = site.attr("coordinate_transformation_mode", b"half_pixel")
+    if mode == b"tf_half_pixel_for_nn":  # pragma: no cover - removed at 13, not added
+        return
+
+
+def _resize_18(site: Site) -> None:
+    """Resize-18's antialias, axes and keep_aspect_ratio_policy."""
+    if site.attr("antialias", 0):
+        raise CannotSay("Resize with antialias=1 is defined from opset 18", 18)
+    policy = site.attr("keep_aspect_ratio_policy", b"stretch")
+    if policy != b"stretch":
+        raise CannotSay(f"Resize's keep_aspect_ratio_policy '{policy.decode()}' is defined "
+                        f"from opset 18", 18)
+    axes = site.attr("axes")
+    site.drop_attr("antialias", "keep_aspect_ratio_policy", "axes")
+    if axes is None:
+        return
+    rank = site.rank(site.node.input[0])
+    if rank is None:
+        raise CannotSay("Resize-18 resizes only the axes given, and before 18 scales or "
+                        "sizes cover every axis: the rank must be known", 18)
+    axes = [a % rank for a in axes]
+    for position, fill, dtype in ((1, (0.0, 1.0), np.float32), (2, 1.0, np.float32),
+                                  (3, None, np.int64)):
+        name = site.input(position)
+        if not name:
+            continue
+        value = site.constant(name)
+        if value is None:
+            raise CannotSay("Resize-18 with axes takes its roi, scales or sizes at run "
+                            "time; before 18 they must cover every axis", 18)
+        value = np.asarray(value).reshape(-1)
+        if position == 1:
+            full = np.array([0.0] * rank + [1.0] * rank, dtype=value.dtype)
+            for i, axis in enumerate(axes):
+                full[axis], full[axis + rank] = value[i], value[i + len(axes)]
+        elif position == 2:
+            full = np.ones(rank, dtype=value.dtype)
+            full[axes] = value
+        else:
+            shape = site.shape(site.node.input[0])
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                raise CannotSay("Resize-18 with axes and sizes keeps the other axes' "
+                                "lengths, which must then be static below 18", 18)
+            full = np.array(shape, dtype=np.int64)
+            full[axes] = value
+        site.node.input[position] = site.const(f"full{position}", full)
+    del fill, dtype
+
+
+def _resize_19(site: Site) -> None:
+    if site.attr("coordinate_transformation_mode") == b"half_pixel_symmetric":
+        raise CannotSay("Resize's coordinate_transformation_mode 'half_pixel_symmetric' is "
+                        "defined from opset 19", 19)
+
+
+def _scatter_reduction(since: int, new: tuple[str, ...]) -> Adapter:
+    def adapter(site: Site) -> None:
+        reduction = site.attr("reduction", b"none").decode()
+        if reduction in new:
+            raise CannotSay(f"{site.node.op_type}'s reduction '{reduction}' is defined from "
+                            f"opset {since}", since)
+        if since == 16:
+            site.drop_attr("reduction")
+
+    adapter.__doc__ = f"reduction {'/'.join(new)} is refused; 'none' is dropped"
+    return adapter
+
+
+def _constant_12(site: Site) -> None:
+    """Constant-12's value_* forms: the older Constant holds a tensor."""
+    for attribute in site.node.attribute:
+        name = attribute.name
+        if name == "value":
+            return
+        value = helper.get_attribute_value(attribute)
+        if name == "value_float":
+            array = np.array(value, dtype=np.float32)
+        elif name == "value_floats":
+            array = np.array(value, dtype=np.float32).reshape(-1)
+        elif name == "value_int":
+            array = np.array(value, dtype=np.int64)
+        elif name == "value_ints":
+            array = np.array(value, dtype=np.int64).reshape(-1)
+        elif name in ("value_string", "value_strings"):
+            array = np.array(value if name == "value_strings" else value, dtype=object)
+            if name == "value_strings":
+                array = array.reshape(-1)
+        else:  # sparse_value exists at 11
+            return
+        site.drop_attr(name)
+        site.node.attribute.append(helper.make_attribute(
+            "value", numpy_helper.from_array(array, site.node.output[0])))
+        return
+
+
+def _dropout_12(site: Site) -> None:
+    """Dropout-12 takes ratio and training_mode as inputs; at inference (no training_mode,
+    or a constant false) it is the identity, which Dropout-10 says with its attribute."""
+    training = site.input(2)
+    if training:
+        value = site.constant(training)
+        if value is None or bool(np.asarray(value).reshape(-1)[0]):
+            raise CannotSay("Dropout in training mode (or a run-time training_mode) is "
+                            "defined from opset 12", 12)
+    ratio = site.input(1)
+    if ratio:
+        value = site.constant(ratio)
+        if value is None:
+            raise CannotSay("Dropout's ratio is a run-time input, and before opset 12 it is "
+                            "an attribute", 12)
+        site.set_attr("ratio", float(np.asarray(value).reshape(-1)[0]))
+    site.drop_attr("seed")
+    del site.node.input[1:]
+
+
+def _batch_normalization_14(site: Site) -> None:
+    if site.attr("training_mode", 0):
+        raise CannotSay("BatchNormalization in training mode is defined from opset 14", 14)
+    site.drop_attr("training_mode")
+    del site.node.output[1:]
+
+
+def _batch_normalization_15(site: Site) -> None:
+    """BatchNormalization-15 lets scale/bias (T1) and mean/var (T2) differ in type from X;
+    before it they are all X's type, so they are cast to it."""
+    x_type = site.elem_type(site.node.input[0])
+    if x_type is None:
+        return
+    for position in range(1, len(site.node.input)):
+        name = site.node.input[position]
+        if name and site.elem_type(name) not in (None, x_type):
+            site.node.input[position] = site.add(site.before, "Cast", [name],
+                                                 f"as_x{position}", to=x_type)
+
+
+def _quantize_13(site: Site) -> None:
+    """QuantizeLinear/DequantizeLinear-13's axis: before it, only a per-tensor scale."""
+    scale = site.shape(site.input(1))
+    if scale is None or len(scale) > 0 and scale != (1,):
+        raise CannotSay(f"{site.node.op_type} with a per-axis (or unknown-shape) scale is "
+                        f"defined from opset 13", 13)
+    site.drop_attr("axis")
+
+
+def _quantize_19(site: Site) -> None:
+    site.drop_attr("saturate")  # only float8 outputs saturate, and they are refused
+
+
+def _quantize_21(site: Site) -> None:
+    if site.attr("block_size", 0):
+        raise CannotSay(f"{site.node.op_type} with block_size is defined from opset 21", 21)
+    output_dtype = site.attr("output_dtype", 0)
+    if output_dtype:
+        raise CannotSay(f"{site.node.op_type} with output_dtype is defined from opset 21", 21)
+    site.drop_attr("block_size", "output_dtype")
+
+
+def _cast_19(site: Site) -> None:
+    site.drop_attr("saturate")  # meaningful only for float8 types, which are refused
+
+
+def _dft_20(site: Site) -> None:
+    """DFT-20 takes axis as an input (default -2); DFT-17 as an attribute (default 1)."""
+    name = site.input(2)
+    axis = -2
+    if name:
+        value = site.constant(name)
+        if value is None:
+            raise CannotSay("DFT reads its axis at run time; before opset 20 it is an "
+                            "attribute", 20)
+        axis = int(np.asarray(value).reshape(-1)[0])
+    rank = site.rank(site.node.input[0])
+    if axis < 0:
+        if rank is None:
+            raise CannotSay("DFT-20's negative axis needs the input's rank, unknown here", 20)
+        axis += rank
+    site.set_attr("axis", axis)
+    del site.node.input[2:]
+
+
+def _grid_sample_20(site: Site) -> None:
+    """GridSample-20 names its modes linear/cubic and takes N-D input; GridSample-16 says
+    bilinear/bicubic, 4-D only."""
+    rank = site.rank(site.node.input[0])
+    if rank is not None and rank != 4:
+        raise CannotSay(f"GridSample on a {rank}-D input is defined from opset 20", 20)
+    mode = site.attr("mode", b"linear")
+    renamed = {b"linear": "bilinear", b"cubic": "bicubic", b"nearest": "nearest"}
+    site.set_attr("mode", renamed.get(mode, mode.decode()))
+
+
+def _needs_default(attribute: str, default: Any, since: int) -> Adapter:
+    def adapter(site: Site) -> None:
+        value = site.attr(attribute, default)
+        if isinstance(value, list):
+            same = all(v == default for v in value)
+        else:
+            same = value == default
+        if not same:
+            raise CannotSay(f"{site.node.op_type} with {attribute}={value!r} is defined "
+                            f"from opset {since}", since)
+        site.drop_attr(attribute)
+
+    adapter.__doc__ = f"{attribute} must hold {default!r} (refused otherwise) and is dropped"
+    return adapter
+
+
+def _recurrent_layout(site: Site) -> None:
+    """RNN/GRU/LSTM-14's layout=1 (batch first): before 14 the sequence comes first, so X,
+    the initial states and the outputs are transposed around the node."""
+    if not site.attr("layout", 0):
+        site.drop_attr("layout")
+        return
+    site.drop_attr("layout")
+    node = site.node
+    if node.input[0]:
+        node.input[0] = site.add(site.before, "Transpose", [node.input[0]], "x_seq_first",
+                                 perm=[1, 0, 2])
+    for position in (5, 6):  # initial_h, initial_c: [batch, dirs, hidden] -> [dirs, ...]
+        if position < len(node.input) and node.input[position]:
+            node.input[position] = site.add(site.before, "Transpose", [node.input[position]],
+                                            f"state{position}", perm=[1, 0, 2])
+    for index, perm in ((0, [2, 0, 1, 3]), (1, [1, 0, 2]), (2, [1, 0, 2])):
+        if index < len(node.output) and node.output[index]:
+            original = node.output[index]
+            inner = site.fresh(f"{site.label}/seq_first{index}")
+            node.output[index] = inner
+            site.after.append(helper.make_node("Transpose", [inner], [original], perm=perm,
+                                               name=site.fresh(f"{site.label}/batch_first"
+                                                               f"{index}")))
+
+
+def _roi_align_16(site: Site) -> None:
+    """RoiAlign-16's coordinate_transformation_mode defaults to half_pixel; RoiAlign-10
+    always computes output_half_pixel."""
+    if site.attr("coordinate_transformation_mode", b"half_pixel") != b"output_half_pixel":
+        raise CannotSay("RoiAlign's half_pixel coordinates (the default from opset 16) are "
+                        "defined from opset 16", 16)
+    site.drop_attr("coordinate_transformation_mode")
+
+
+def _mod_28(site: Site) -> None:
+    if not site.attr("fmod", 0):
+        elem = site.elem_type(site.node.input[0])
+        if elem in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+                    TensorProto.BFLOAT16):
+            raise CannotSay("Mod with fmod=0 on floating-point inputs is defined from "
+                            "opset 28", 28)
+
+
+def _space_to_depth_28(site: Site) -> None:
+    if site.attr("mode", b"DCR") != b"DCR":
+        raise CannotSay("SpaceToDepth's mode 'CRD' is defined from opset 28", 28)
+    site.drop_attr("mode")
+
+
+def _range_27(site: Site) -> None:
+    site.drop_attr("stash_type")  # only float16/bfloat16 use it, and they are refused
+
+
+ADAPTERS: dict[tuple[str, int], Adapter] = {
+    **{(op, 13): _axes_to_attribute(key, 13)
+       for op, key in (("Squeeze", "axes"), ("Unsqueeze", "axes"), ("Split", "split"))},
+    ("ReduceSum", 13): _reduce_with_axes_input(13),
+    **{(op, 18): _reduce_with_axes_input(18)
+       for op in ("ReduceMean", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare",
+                  "ReduceL1", "ReduceL2", "ReduceLogSum", "ReduceLogSumExp")},
+    ("Split", 18): _split_num_outputs,
+    ("Pad", 18): _pad_axes,
+    ("Pad", 19): _pad_wrap,
+    ("Shape", 15): _shape_bounds,
+    ("Reshape", 14): _reshape_allowzero,
+    **{(op, 13): _softmax_axis for op in ("Softmax", "LogSoftmax", "Hardmax")},
+    ("Resize", 13): _resize_13,
+    ("Resize", 18): _resize_18,
+    ("Resize", 19): _resize_19,
+    ("ScatterElements", 16): _scatter_reduction(16, ("add", "mul")),
+    ("ScatterND", 16): _scatter_reduction(16, ("add", "mul")),
+    ("ScatterElements", 18): _scatter_reduction(18, ("max", "min")),
+    ("ScatterND", 18): _scatter_reduction(18, ("max", "min")),
+    ("Constant", 12): _constant_12,
+    ("Dropout", 12): _dropout_12,
+    ("BatchNormalization", 14): _batch_normalization_14,
+    ("BatchNormalization", 15): _batch_normalization_15,
+    ("QuantizeLinear", 13): _quantize_13,
+    ("DequantizeLinear", 13): _quantize_13,
+    ("QuantizeLinear", 19): _quantize_19,
+    ("QuantizeLinear", 21): _quantize_21,
+    ("DequantizeLinear", 21): _quantize_21,
+    ("Cast", 19): _cast_19,
+    ("CastLike", 19): _cast_19,
+    ("DFT", 20): _dft_20,
+    ("GridSample", 20): _grid_sample_20,
+    ("GatherND", 12): _needs_default("batch_dims", 0, 12),
+    ("ArgMax", 12): _needs_default("select_last_index", 0, 12),
+    ("ArgMin", 12): _needs_default("select_last_index", 0, 12),
+    ("AveragePool", 19): _needs_default("dilations", 1, 19),
+    ("RoiAlign", 16): _roi_align_16,
+    **{(op, 14): _recurrent_layout for op in ("RNN", "GRU", "LSTM")},
+    ("Mod", 28): _mod_28,
+    ("SpaceToDepth", 28): _space_to_depth_28,
+    ("Range", 27): _range_27,
+}
+
+
+def adapter_table() -> list[tuple[str, int, int, str]]:
+    """(op, version, previous version, what going below ``version`` does) for every
+    default-domain op version from 12 to the newest: the rows of docs/opset-adapters.md."""
+    rows = []
+    for op_type in sorted(_HISTORY):
+        versions = _HISTORY[op_type]
+        for previous, version in zip([None, *versions], versions, strict=False):
+            if version <= 11:
+                continue
+            if previous is None:
+                rows.append((op_type, version, 0, "new op: a lowering pattern, if one is "
+                                                   "registered; otherwise refused"))
+                continue
+            rows.append((op_type, version, previous, _describe_step(op_type, version,
+                                                                   previous)))
+    return rows
+
+
+def _describe_step(op_type: str, version: int, previous: int) -> str:
+    newer, older = _schema(op_type, version), _schema(op_type, previous)
+    parts = []
+    adapter = ADAPTERS.get((op_type, version))
+    if adapter is not None and adapter.__doc__:
+        parts.append(" ".join(adapter.__doc__.split()).rstrip("."))
+    if newer is not None and older is not None:
+        added = sorted(set(newer.attributes) - set(older.attributes))
+        if added and adapter is None:
+            parts.append("new attribute(s) " + ", ".join(added) + " must hold the default "
+                         "(dropped)")
+        if newer.max_input > older.max_input and adapter is None:
+            parts.append("new input(s) must be absent")
+        old_types = {c.type_param_str: set(c.allowed_type_strs)
+                     for c in older.type_constraints}
+        new_types = sorted({t.removeprefix("tensor(").rstrip(")")
+                            for c in newer.type_constraints
+                            for t in set(c.allowed_type_strs)
+                            - old_types.get(c.type_param_str, set())})
+        if new_types:
+            how = ("refused" if op_type in _NO_CARRIER else
+                   "carried in a wider type with a Cast each side where one holds every "
+                   "value, else refused")
+            parts.append(f"new types {', '.join(new_types)}: {how}")
+    return "; ".join(parts) or "no change in signature: the node is kept"
+
+
+def constants_of(model: onnx.ModelProto) -> Mapping[str, np.ndarray]:
+    """Inline initializers and Constant-node values of every graph, by name."""
+    facts = _Facts()
+    for graph in all_graphs(model.graph):
+        facts.learn(graph)
+    return facts.constants

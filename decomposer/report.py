@@ -40,8 +40,11 @@ class ReplacedNode:
 
 @dataclass
 class Report:
-    opset: int = 0
+    opset: int = 0  # the output's default-domain opset
     target: str = "portable"
+    # --target-opset: the input's opset, when the model was taken down from it
+    source_opset: int | None = None
+    taken_down: bool = False
     lowered: list[str] = field(default_factory=list)  # standard op types decomposed on request
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
@@ -65,7 +68,7 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return bool(self.replaced or self.removed_constants or self.dropped_opset_imports
+        return bool(self.replaced or self.taken_down or self.removed_constants or self.dropped_opset_imports
                     or self.dropped_value_info)
 
     def summary(self) -> str:
@@ -79,7 +82,10 @@ class Report:
             head += f" ({parts})"
         if self.output_path and not self.dry_run:
             head += f" -> {self.output_path}"
-        head += f" (opset {self.opset})"
+        if self.taken_down:
+            head += f" (opset {self.source_opset} -> {self.opset})"
+        else:
+            head += f" (opset {self.opset})"
         if self.unsupported:
             head += f"; {len(self.unsupported)} unsupported node(s) kept"
         if self.dropped_value_info:
@@ -93,6 +99,7 @@ class Report:
             "output": None if self.dry_run else self.output_path,
             "dry_run": self.dry_run,
             "opset": self.opset,
+            "source_opset": self.source_opset if self.taken_down else None,
             "target": self.target,
             "lowered": list(self.lowered),
             "counts": self.counts,
