@@ -439,7 +439,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             except InvalidModelError:
                 if not _drop_stale_value_info(out, schema_classifier, report, set()):
                     raise
-        _take_down(out, target_opset, report)
+        _take_down(out, target_opset, report, registry)
         opsets = opset_map(list(out.opset_import))
     elif not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
@@ -509,12 +509,16 @@ def _check_target_opset(target_opset: int | None) -> None:
                                 f"writes default-domain opsets {MIN_OPSET} to {NEWEST_OPSET}")
 
 
-def _take_down(out: onnx.ModelProto, target_opset: int, report: Report) -> None:
+def _take_down(out: onnx.ModelProto, target_opset: int, report: Report,
+               registry: Registry) -> None:
     """Standard ops down to ``target_opset`` (decomposer.opsets); what the target cannot
     say stops the run whatever ``allow_unsupported`` says: no engine could read it."""
     report.source_opset = report.opset
     report.opset = target_opset
-    refusals = take_down(out, target_opset)
+    def has_pattern(op_type: str) -> bool:
+        return registry.lookup(onnx.helper.make_node(op_type, [], [])) is not None
+
+    refusals = take_down(out, target_opset, has_pattern)
     report.taken_down = True
     if refusals:
         issues = [NodeIssue(r.name, r.op_type, "", r.graph, r.describe(target_opset))

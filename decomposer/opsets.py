@@ -91,14 +91,14 @@ def ir_version_for(opset: int) -> int:
 _CARRIERS: dict[int, tuple[int, ...]] = {
     TensorProto.BFLOAT16: (TensorProto.FLOAT, TensorProto.DOUBLE),
     TensorProto.FLOAT16: (TensorProto.FLOAT, TensorProto.DOUBLE),
-    TensorProto.INT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
-                       TensorProto.FLOAT),
-    TensorProto.UINT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
-                        TensorProto.FLOAT),
-    TensorProto.INT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
-                        TensorProto.FLOAT),
-    TensorProto.UINT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.DOUBLE,
-                         TensorProto.FLOAT),
+    TensorProto.INT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT,
+                       TensorProto.DOUBLE),
+    TensorProto.UINT8: (TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT,
+                        TensorProto.DOUBLE),
+    TensorProto.INT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT,
+                        TensorProto.DOUBLE),
+    TensorProto.UINT16: (TensorProto.INT32, TensorProto.INT64, TensorProto.FLOAT,
+                         TensorProto.DOUBLE),
     TensorProto.INT32: (TensorProto.INT64, TensorProto.DOUBLE),
     TensorProto.UINT32: (TensorProto.INT64, TensorProto.DOUBLE),
     TensorProto.BOOL: (TensorProto.INT32, TensorProto.UINT8, TensorProto.FLOAT),
@@ -108,6 +108,14 @@ _NO_CARRIER = frozenset({"Cast", "CastLike", "Constant", "ConstantOfShape", "Eye
                          "RandomNormalLike", "RandomUniformLike", "Bernoulli", "Multinomial",
                          "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear",
                          "BitShift", "BitwiseNot", "Mod"})
+# What a Shape/Range chain is made of, for folding when the sizes are static.
+_FOLDABLE = frozenset({"Shape", "Size", "Gather", "Concat", "Unsqueeze", "Squeeze", "Slice",
+                       "Range", "Cast", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Identity",
+                       "Reshape", "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin",
+                       "Equal", "Less", "Greater", "Where", "Not", "And", "Or", "Max", "Min",
+                       "Mod", "Sign", "Floor", "Ceil", "ConstantOfShape", "Expand", "Tile",
+                       "Constant", "Flatten", "CastLike"})
+_FOLD_LIMIT = 4096  # elements: folding is for shapes and axes, not for data
 # Ops whose result on a bool tensor is not the cast of the result on its 0/1 values.
 _NO_BOOL_CARRIER = frozenset({"Add", "Sub", "Mul", "Div", "Neg", "Sum", "Mean", "CumSum",
                               "ReduceSum", "ReduceMean", "ReduceProd"})
@@ -134,6 +142,71 @@ class _Facts:
     types: dict[str, int] = field(default_factory=dict)
     shapes: dict[str, tuple[int | str | None, ...]] = field(default_factory=dict)
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    producers: dict[str, onnx.NodeProto] = field(default_factory=dict)
+    producer_opsets: dict[str, int] = field(default_factory=dict)  # what each is written at
+    opset: int = 0  # the default for producers not in producer_opsets
+    _folding: set[str] = field(default_factory=set)
+
+    def constant(self, name: str) -> np.ndarray | None:
+        """The value of ``name`` if it is a constant, or computed only from constants and
+        static shapes (a Shape/Range chain): folded here with ONNX's reference evaluator."""
+        if not name:
+            return None
+        if name in self.constants:
+            return self.constants[name]
+        node = self.producers.get(name)
+        if node is None or name in self._folding or norm_domain(node.domain) != "" or \
+                node.op_type not in _FOLDABLE:
+            return None
+        self._folding.add(name)
+        try:
+            value = self._fold(node, name)
+        finally:
+            self._folding.discard(name)
+        if value is not None:
+            self.constants[name] = value
+        return value
+
+    def _fold(self, node: onnx.NodeProto, name: str) -> np.ndarray | None:
+        if node.op_type == "Shape":
+            shape = self.shapes.get(node.input[0])
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                return None
+            full = np.array(shape, dtype=np.int64)
+            start = next((a.i for a in node.attribute if a.name == "start"), 0)
+            end = next((a.i for a in node.attribute if a.name == "end"), None)
+            return full[start:end]
+        if node.op_type == "Size":
+            shape = self.shapes.get(node.input[0])
+            if shape is None or not all(isinstance(d, int) for d in shape):
+                return None
+            return np.array(int(np.prod(shape)), dtype=np.int64)
+        values = []
+        for input_name in node.input:
+            value = self.constant(input_name) if input_name else None
+            if input_name and value is None:
+                return None
+            values.append(value)
+        if sum(v.size for v in values if v is not None) > _FOLD_LIMIT:
+            return None
+        from onnx.reference import ReferenceEvaluator
+
+        graph_inputs = [numpy_helper.from_array(v, f"in{i}") for i, v in enumerate(values)
+                        if v is not None]
+        single = onnx.NodeProto()
+        single.CopyFrom(node)
+        single.input[:] = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
+        single.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
+        model = helper.make_model(helper.make_graph(
+            [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output if o],
+            graph_inputs), opset_imports=[helper.make_opsetid("", self.producer_opsets.get(name, self.opset) or 11)])
+        try:
+            outputs = ReferenceEvaluator(model).run(None, {})
+        except Exception:  # noqa: BLE001 - then it is not folded
+            return None
+        index = list(node.output).index(name)
+        result = np.asarray(outputs[index])
+        return result if result.size <= _FOLD_LIMIT else None
 
     def learn(self, graph: onnx.GraphProto) -> None:
         for value in [*graph.input, *graph.value_info, *graph.output]:
@@ -187,7 +260,7 @@ class Site:
         return self.node.input[index] if index < len(self.node.input) else ""
 
     def constant(self, name: str) -> np.ndarray | None:
-        return self.facts.constants.get(name) if name else None
+        return self.facts.constant(name)
 
     def rank(self, name: str) -> int | None:
         shape = self.facts.shapes.get(name)
@@ -235,9 +308,14 @@ class Site:
 Adapter = Callable[[Site], None]
 
 
-def take_down(model: onnx.ModelProto, target: int) -> list[Refusal]:
+def take_down(model: onnx.ModelProto, target: int,
+              has_pattern: Callable[[str], bool] = lambda op_type: False) -> list[Refusal]:
     """Rewrite ``model`` in place for default-domain opset ``target`` (see the module
-    docstring). Returns what could not go down; ``model`` is at ``target`` either way."""
+    docstring). Returns what could not go down; ``model`` is at ``target`` either way.
+
+    ``has_pattern(op_type)`` says whether a registered pattern lowers a default-domain op;
+    an op the target lacks that no pattern lowers is replaced by ONNX's own function body
+    for it, where its schema has one, and the body taken down in turn."""
     source = default_opset(model)
     if source is None or target >= source:
         return []
@@ -259,21 +337,23 @@ def take_down(model: onnx.ModelProto, target: int) -> list[Refusal]:
         inlined = inliner.inline_local_functions(model)
         model.CopyFrom(inlined)
     facts = _infer(model)
+    facts.opset = source
     read_before = _reads(model)
     for graph, label in _graphs(model.graph, "main graph"):
-        _take_down_nodes(graph.node, source, target, facts, fresh, label, refusals)
+        _take_down_nodes(graph.node, source, target, facts, fresh, label, refusals,
+                         has_pattern)
     for function in model.functions:
         version = next((int(i.version) for i in function.opset_import
                         if norm_domain(i.domain) == ""), None)
         if version is None or version <= target:
             continue
-        function_facts = _Facts()
+        function_facts = _Facts(opset=version)
         shell = onnx.GraphProto()
         shell.node.extend(function.node)
         function_facts.learn(shell)
         for graph, label in _graphs(shell, f"function {function.domain}::{function.name}"):
             _take_down_nodes(graph.node, version, target, function_facts, fresh, label,
-                             refusals)
+                             refusals, has_pattern)
         del function.node[:]
         function.node.extend(shell.node)
         for entry in function.opset_import:
@@ -283,7 +363,9 @@ def take_down(model: onnx.ModelProto, target: int) -> list[Refusal]:
         if norm_domain(entry.domain) == "":
             entry.version = target
     model.ir_version = min(model.ir_version, ir_version_for(target))
-    _drop_detached(model, read_before - _reads(model))
+    unread = read_before - _reads(model)
+    _drop_initializers(model, unread)
+    _drop_detached(model, unread)
     return refusals
 
 
@@ -295,20 +377,36 @@ def _reads(model: onnx.ModelProto) -> set[str]:
 
 
 def _drop_detached(model: onnx.ModelProto, unread: set[str]) -> None:
-    """Initializers and Constants that only fed an input now turned into an attribute (axes,
-    split, pads): nothing reads them any more."""
-    if not unread:
-        return
+    """Initializers, Constants and the Shape/Range chains (folded) that only fed an input
+    now turned into an attribute (axes, split, pads): nothing reads them any more.
+    ``unread``: names read before the take-down and not after."""
+    while unread:
+        freed: set[str] = set()
+        for graph in all_graphs(model.graph):
+            kept = []
+            for node in graph.node:
+                outputs = [o for o in node.output if o]
+                if outputs and norm_domain(node.domain) == "" and \
+                        node.op_type in _FOLDABLE and all(o in unread for o in outputs):
+                    freed.update(name for name in node.input if name)
+                else:
+                    kept.append(node)
+            if len(kept) != len(graph.node):
+                del graph.node[:]
+                graph.node.extend(kept)
+        if not freed:
+            break
+        now = _reads(model)
+        unread = {name for name in freed if name not in now}
+        _drop_initializers(model, unread)
+
+
+def _drop_initializers(model: onnx.ModelProto, unread: set[str]) -> None:
     for graph in all_graphs(model.graph):
         if any(t.name in unread for t in graph.initializer):
             kept_tensors = [t for t in graph.initializer if t.name not in unread]
             del graph.initializer[:]
             graph.initializer.extend(kept_tensors)
-        if any(n.op_type == "Constant" and n.output[0] in unread for n in graph.node):
-            kept_nodes = [n for n in graph.node
-                          if not (n.op_type == "Constant" and n.output[0] in unread)]
-            del graph.node[:]
-            graph.node.extend(kept_nodes)
 
 
 def _graphs(graph: onnx.GraphProto, label: str) -> Iterator[tuple[onnx.GraphProto, str]]:
@@ -349,12 +447,26 @@ def _infer(model: onnx.ModelProto) -> _Facts:
 
 
 def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
-                     fresh: Callable[[str], str], label: str, refusals: list[Refusal]) -> None:
+                     fresh: Callable[[str], str], label: str, refusals: list[Refusal],
+                     has_pattern: Callable[[str], bool]) -> None:
     rebuilt: list[onnx.NodeProto] = []
     changed = False
     for node in list(nodes):
+        facts.producers.update((name, node) for name in node.output if name)
+    for node in list(nodes):
         if norm_domain(node.domain) != "":
             rebuilt.append(node)
+            continue
+        body = _expansion(node, source, target, facts, fresh, has_pattern)
+        if body is not None:
+            nodes_of_body, version = body
+            holder = onnx.GraphProto()
+            holder.node.extend(nodes_of_body)
+            _learn_body(holder, facts, version)
+            _take_down_nodes(holder.node, version, target, facts, fresh, label, refusals,
+                             has_pattern)
+            rebuilt.extend(holder.node)
+            changed = True
             continue
         site = Site(node, facts, fresh, target)
         try:
@@ -372,6 +484,162 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
     if changed:
         del nodes[:]
         nodes.extend(rebuilt)
+
+
+# -- ops the target lacks, through ONNX's own function bodies ------------------------------
+
+
+def _expansion(node: onnx.NodeProto, source: int, target: int, facts: _Facts,
+               fresh: Callable[[str], str], has_pattern: Callable[[str], bool]
+               ) -> tuple[list[onnx.NodeProto], int] | None:
+    """The nodes of ONNX's function body for ``node`` (an op the target lacks, that no
+    pattern lowers), bound to its inputs, outputs and attributes, and the body's opset;
+    None where there is no body (or its context is unknown)."""
+    if _schema(node.op_type, target) is not None or has_pattern(node.op_type):
+        return None
+    schema = _schema(node.op_type, source)
+    if schema is None:
+        return None
+    function = _function_body(node, schema, facts)
+    if function is None:
+        return None
+    version = next((int(i.version) for i in function.opset_import
+                    if norm_domain(i.domain) == ""), source)
+    prefix = node.name or (node.output[0] if node.output else node.op_type)
+    return _bind(function, node, schema, fresh, prefix), version
+
+
+def _function_body(node: onnx.NodeProto, schema: Any, facts: _Facts
+                   ) -> onnx.FunctionProto | None:
+    if schema.has_function:
+        versions = sorted(schema.function_opset_versions)
+        body = schema.get_function_with_opset_version(versions[0]) if versions else \
+            schema.function_body
+        if isinstance(body, bytes):
+            parsed = onnx.FunctionProto()
+            parsed.ParseFromString(body)
+            body = parsed
+        return body if body.node else None
+    if not schema.has_context_dependent_function:
+        return None
+    types = []
+    for name in node.input:
+        type_proto = onnx.TypeProto()
+        if name:
+            elem = facts.types.get(name)
+            if elem is None:
+                return None
+            type_proto.tensor_type.elem_type = elem
+            shape = facts.shapes.get(name)
+            if shape is not None:
+                type_proto.tensor_type.shape.SetInParent()
+                for dim in shape:
+                    entry = type_proto.tensor_type.shape.dim.add()
+                    if isinstance(dim, int):
+                        entry.dim_value = dim
+                    elif dim:
+                        entry.dim_param = dim
+        types.append(type_proto.SerializeToString())
+    versions = sorted(schema.context_dependent_function_opset_versions)
+    try:
+        raw = schema.get_context_dependent_function_with_opset_version(
+            versions[0], node.SerializeToString(), types) if versions else \
+            schema.get_context_dependent_function(node.SerializeToString(), types)
+    except Exception:  # the body's builder refused this context  # noqa: BLE001
+        return None
+    function = onnx.FunctionProto()
+    function.ParseFromString(raw)
+    return function if function.node else None
+
+
+def _bind(function: onnx.FunctionProto, node: onnx.NodeProto, schema: Any,
+          fresh: Callable[[str], str], prefix: str) -> list[onnx.NodeProto]:
+    """The body's nodes with formal names bound to the node's, internal names fresh and
+    attribute references resolved (the caller's value, else the schema's default, else
+    the attribute is left out)."""
+    names: dict[str, str] = {"": ""}
+    for index, formal in enumerate(function.input):
+        names[formal] = node.input[index] if index < len(node.input) else ""
+    for index, formal in enumerate(function.output):
+        names[formal] = node.output[index] if index < len(node.output) and \
+            node.output[index] else fresh(f"{prefix}/{formal}")
+    given = {a.name: a for a in node.attribute}
+    for name, declared in schema.attributes.items():
+        if name not in given and declared.default_value.name:
+            given[name] = declared.default_value
+
+    def rename(name: str) -> str:
+        if name not in names:
+            names[name] = fresh(f"{prefix}/{name}")
+        return names[name]
+
+    def bind_node(body_node: onnx.NodeProto) -> onnx.NodeProto | None:
+        out = onnx.NodeProto()
+        out.CopyFrom(body_node)
+        out.input[:] = [rename(n) for n in body_node.input]
+        out.output[:] = [rename(n) for n in body_node.output]
+        out.name = fresh(f"{prefix}/{body_node.name or body_node.op_type}")
+        del out.attribute[:]
+        for attribute in body_node.attribute:
+            if attribute.ref_attr_name:
+                value = given.get(attribute.ref_attr_name)
+                if value is None:
+                    continue
+                bound = onnx.AttributeProto()
+                bound.CopyFrom(value)
+                bound.name = attribute.name
+                out.attribute.append(bound)
+            else:
+                copied = out.attribute.add()
+                copied.CopyFrom(attribute)
+                if copied.type == onnx.AttributeProto.GRAPH:
+                    bind_graph(copied.g)
+                elif copied.type == onnx.AttributeProto.GRAPHS:
+                    for graph in copied.graphs:
+                        bind_graph(graph)
+        if body_node.op_type == "Constant" and not out.attribute:
+            return None  # a Constant of an attribute the caller left out: unread
+        return out
+
+    def bind_graph(graph: onnx.GraphProto) -> None:
+        for value in [*graph.input, *graph.output]:
+            value.name = rename(value.name)
+        bound_nodes = [bind_node(n) for n in graph.node]
+        del graph.node[:]
+        graph.node.extend(n for n in bound_nodes if n is not None)
+
+    return [n for n in (bind_node(b) for b in function.node) if n is not None]
+
+
+def _learn_body(holder: onnx.GraphProto, facts: _Facts, version: int) -> None:
+    """Types and shapes inside an expanded body, by shape inference on the body alone with
+    its inputs typed from what is known."""
+    produced = {name for node in holder.node for name in node.output}
+    read = [name for node in holder.node for name in node.input if name and
+            name not in produced]
+    graph = onnx.GraphProto()
+    graph.CopyFrom(holder)
+    graph.name = "body"
+    for name in dict.fromkeys(read):
+        elem = facts.types.get(name)
+        if elem is None:
+            continue
+        shape = facts.shapes.get(name)
+        graph.input.append(helper.make_tensor_value_info(
+            name, elem, None if shape is None else list(shape)))
+    graph.output.extend(onnx.ValueInfoProto(name=n.output[0]) for n in holder.node
+                        if n.output)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # noqa: BLE001 - inference is a help here
+        inferred = model
+    facts.learn(inferred.graph)
+    for node in holder.node:
+        for name in node.output:
+            if name:
+                facts.producers[name] = node
+                facts.producer_opsets[name] = version
 
 
 def _history(op_type: str) -> list[int]:
