@@ -843,6 +843,10 @@ def _reduce_with_axes_input(since: int) -> Adapter:
             site.replacement = [helper.make_node("Identity", [site.node.input[0]],
                                                  [site.node.output[0]], name=site.node.name)]
             return
+        if axes is None and since == 18 and site.target >= 13 and \
+                site.node.op_type in _THROUGH_REDUCE_SUM:
+            _through_reduce_sum(site)
+            return
         if noop and axes is None:
             raise CannotSay(f"{site.node.op_type} has noop_with_empty_axes=1 and run-time "
                             f"axes that may be empty", since)
@@ -852,6 +856,66 @@ def _reduce_with_axes_input(since: int) -> Adapter:
     adapter.__doc__ = ("the axes input becomes the attribute again (a constant input only); "
                        "noop_with_empty_axes=1 with no axes becomes Identity")
     return adapter
+
+
+# Reduce-18 ops with run-time axes that ReduceSum-13 (which takes axes as an input) says:
+# (what is summed, what is done to the sum).
+_THROUGH_REDUCE_SUM = {"ReduceMean": ("x", "mean"), "ReduceSumSquare": ("square", ""),
+                       "ReduceL1": ("abs", ""), "ReduceL2": ("square", "sqrt"),
+                       "ReduceLogSum": ("x", "log")}
+
+
+def _through_reduce_sum(site: Site) -> None:
+    """ReduceMean/SumSquare/L1/L2/LogSum-18 with run-time axes, at a target of 13-17: a
+    ReduceSum-13, which takes the same axes input (and noop_with_empty_axes), of x, x*x or
+    |x|; then / count (the input's size over the result's: 1 when nothing is reduced),
+    Sqrt or Log."""
+    node = site.node
+    summed, after = _THROUGH_REDUCE_SUM[node.op_type]
+    x = node.input[0]
+    new: list[onnx.NodeProto] = []
+    if summed == "square":
+        x = site.add(new, "Mul", [x, x], "square")
+    elif summed == "abs":
+        x = site.add(new, "Abs", [x], "abs")
+    keep = {a.name: helper.get_attribute_value(a) for a in node.attribute
+            if a.name in ("keepdims", "noop_with_empty_axes")}
+    output = node.output[0]
+    total = output if not after else site.fresh(f"{site.label}/sum")
+    new.append(helper.make_node("ReduceSum", [x, node.input[1]], [total],
+                                name=site.fresh(f"{site.label}/reduce_sum"), **keep))
+    if after == "sqrt":
+        new.append(helper.make_node("Sqrt", [total], [output], name=site.fresh(
+            f"{site.label}/sqrt")))
+    elif after == "log":
+        new.append(helper.make_node("Log", [total], [output], name=site.fresh(
+            f"{site.label}/log")))
+    elif after == "mean":
+        elem = site.elem_type(node.input[0]) or TensorProto.FLOAT
+        sizes = [site.add(new, "Cast", [site.add(new, "Size", [name], f"size{i}")],
+                          f"size{i}_f", to=TensorProto.DOUBLE)
+                 for i, name in enumerate((node.input[0], total))]
+        count = site.add(new, "Cast", [site.add(new, "Div", sizes, "count_f64")], "count",
+                         to=elem)
+        new.append(helper.make_node("Div", [total, count], [output],
+                                    name=site.fresh(f"{site.label}/mean")))
+    site.replacement = new
+
+
+def _full_from_axes(site: Site, new: list[onnx.NodeProto], axes: str, values: str,
+                    base: str, rank: int, twice: bool) -> str:
+    """``base`` (length rank, or 2*rank with ``twice``) with ``values`` written at the
+    run-time ``axes`` (negative ones counted from the end; with ``twice`` the values are
+    begins then ends, written at axis and axis + rank)."""
+    axes64 = site.add(new, "Cast", [axes], "axes64", to=TensorProto.INT64)
+    rank_c = site.const("rank", np.array(rank, dtype=np.int64))
+    wrapped = site.add(new, "Mod", [site.add(new, "Add", [axes64, rank_c], "axes_plus_rank"),
+                                    rank_c], "axes_wrapped")
+    indices = wrapped
+    if twice:
+        indices = site.add(new, "Concat", [wrapped, site.add(new, "Add", [wrapped, rank_c],
+                                                             "end_axes")], "pad_axes", axis=0)
+    return site.add(new, "ScatterElements", [base, indices, values], "full", axis=0)
 
 
 def _split_num_outputs(site: Site) -> None:
@@ -868,8 +932,30 @@ def _split_num_outputs(site: Site) -> None:
     if isinstance(length, int) and length % count == 0:
         return  # the older even split
     if not isinstance(length, int):
-        raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length (the "
-                        "last part may be smaller), and older Splits need the sizes", 18)
+        if site.target < 13 or shape is None:
+            raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length (the "
+                            "last part may be smaller), and Splits before 13 need the sizes "
+                            "as an attribute", 18)
+        # sizes at run time: chunk = ceil(d / n); part i = clamp(d - i * chunk, 0, chunk)
+        new: list[onnx.NodeProto] = []
+        rank = len(shape)
+        dim = site.add(new, "Gather", [site.add(new, "Shape", [site.node.input[0]], "shape"),
+                                       site.const("axis", np.array([axis % rank],
+                                                                   dtype=np.int64))],
+                       "length", axis=0)
+        count_c = site.const("count", np.array(count, dtype=np.int64))
+        chunk = site.add(new, "Div", [site.add(new, "Add", [dim, site.const(
+            "count_less_one", np.array(count - 1, dtype=np.int64))], "length_up"), count_c],
+            "chunk")
+        starts = site.add(new, "Mul", [site.const("parts", np.arange(count, dtype=np.int64)),
+                                       chunk], "starts")
+        left = site.add(new, "Max", [site.add(new, "Sub", [dim, starts], "left"),
+                                     site.const("zero", np.array(0, dtype=np.int64))],
+                        "left_clamped")
+        sizes = site.add(new, "Min", [left, chunk], "sizes")
+        site.before.extend(new)
+        site.node.input.append(sizes)
+        return
     chunk = -(-length // count)
     sizes = [min(chunk, length - i * chunk) for i in range(count)]
     site.node.input.append(site.const("split", np.array(sizes, dtype=np.int64)))
@@ -883,10 +969,18 @@ def _pad_axes(site: Site) -> None:
     axes = site.constant(axes_name)
     pads = site.constant(site.input(1))
     rank = site.rank(site.node.input[0])
-    if axes is None or pads is None or rank is None:
+    if rank is None:
         raise CannotSay("Pad-18 pads the axes given by its axes input, and before opset 18 "
-                        "the pads must cover every axis: axes, pads and the rank must be "
-                        "known", 18)
+                        "the pads must cover every axis: the rank must be known", 18)
+    if axes is None or pads is None:
+        new: list[onnx.NodeProto] = []
+        zeros = site.const("no_pads", np.zeros(2 * rank, dtype=np.int64))
+        pads64 = site.add(new, "Cast", [site.node.input[1]], "pads64", to=TensorProto.INT64)
+        site.before.extend(new)
+        full_pads = _full_from_axes(site, site.before, axes_name, pads64, zeros, rank, True)
+        site.node.input[1] = full_pads
+        del site.node.input[3:]
+        return
     full = np.zeros(2 * rank, dtype=np.int64)
     count = len(axes)
     for position, axis in enumerate(np.asarray(axes).reshape(-1)):
@@ -997,9 +1091,18 @@ def _resize_18(site: Site) -> None:
         if not name:
             continue
         value = site.constant(name)
+        if value is None and position in (2, 3):
+            axes_c = site.const("axes", np.array(axes, dtype=np.int64))
+            if position == 2:
+                base = site.const("unit_scales", np.ones(rank, dtype=np.float32))
+            else:
+                base = site.add(site.before, "Shape", [site.node.input[0]], "input_shape")
+            site.node.input[position] = _full_from_axes(site, site.before, axes_c, name,
+                                                        base, rank, False)
+            continue
         if value is None:
-            raise CannotSay("Resize-18 with axes takes its roi, scales or sizes at run "
-                            "time; before 18 they must cover every axis", 18)
+            raise CannotSay("Resize-18 with axes takes its roi at run time; before 18 it "
+                            "must cover every axis", 18)
         value = np.asarray(value).reshape(-1)
         if position == 1:
             full = np.array([0.0] * rank + [1.0] * rank, dtype=value.dtype)

@@ -9,7 +9,8 @@ and reproduces the expected outputs on ONNX Runtime within the case's own tolera
 ``error``; with ``--converter``, the same for ``onnx.version_converter.convert_version``.
 
 In scope: numeric, deterministic, non-training cases of the default domain (every opset
-import and node in it; tensor inputs and outputs, no strings; no random ops).
+import and node in it; tensor inputs and outputs, no strings; no random ops), at each
+target whose IR can carry their input and output types (float8/int4/... need opset 19+).
 
     python scripts/backend_opsets.py                       # the summary table
     python scripts/backend_opsets.py --targets 13 --list refused
@@ -66,6 +67,20 @@ def _tensor_only(values: Iterable[onnx.ValueInfoProto]) -> bool:
         if value.type.tensor_type.elem_type == onnx.TensorProto.STRING:
             return False
     return True
+
+
+# Element types from float8 on (float8, int4/uint4, float4, int2/uint2, float6) need IR 9
+# or newer, which opsets before 19 cannot carry: a case whose inputs or outputs are of such
+# a type has no model at those targets at all, so it is out of scope there.
+FIRST_EXOTIC_TYPE = onnx.TensorProto.FLOAT8E4M3FN
+
+
+def representable(case: Any, target: int) -> bool:
+    """Whether the case's inputs and outputs have types a model at ``target`` can carry."""
+    if target >= 19:
+        return True
+    return all(v.type.tensor_type.elem_type < FIRST_EXOTIC_TYPE
+               for v in [*case.model.graph.input, *case.model.graph.output])
 
 
 def in_scope(case: Any) -> bool:
@@ -194,7 +209,7 @@ def measure(targets: Sequence[int], converter: bool = False,
         if not in_scope(case) or (wanted is not None and case.name not in wanted):
             continue
         for target in targets:
-            if (default_opset(case.model) or 0) > target:
+            if (default_opset(case.model) or 0) > target and representable(case, target):
                 results.append(outcome(case, target, converter))
     return results
 
