@@ -452,7 +452,10 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
     rebuilt: list[onnx.NodeProto] = []
     changed = False
     for node in list(nodes):
-        facts.producers.update((name, node) for name in node.output if name)
+        if node.op_type in _FOLDABLE:  # as written: the take-down edits nodes in place
+            snapshot = onnx.NodeProto()
+            snapshot.CopyFrom(node)
+            facts.producers.update((name, snapshot) for name in node.output if name)
     for node in list(nodes):
         if norm_domain(node.domain) != "":
             rebuilt.append(node)
@@ -638,7 +641,6 @@ def _learn_body(holder: onnx.GraphProto, facts: _Facts, version: int) -> None:
     for node in holder.node:
         for name in node.output:
             if name:
-                facts.producers[name] = node
                 facts.producer_opsets[name] = version
 
 
@@ -1169,23 +1171,60 @@ def _constant_12(site: Site) -> None:
 
 
 def _dropout_12(site: Site) -> None:
-    """Dropout-12 takes ratio and training_mode as inputs; at inference (no training_mode,
-    or a constant false) it is the identity, which Dropout-10 says with its attribute."""
+    """Dropout-12 takes ratio and training_mode as inputs. At inference (no training_mode,
+    or a constant false) it is the identity and its mask all true: written as Identity and
+    a ConstantOfShape, since engines differ on Dropout-10's inference mask (ONNX Runtime
+    1.32 writes all false)."""
     training = site.input(2)
     if training:
         value = site.constant(training)
         if value is None or bool(np.asarray(value).reshape(-1)[0]):
             raise CannotSay("Dropout in training mode (or a run-time training_mode) is "
                             "defined from opset 12", 12)
-    ratio = site.input(1)
-    if ratio:
-        value = site.constant(ratio)
-        if value is None:
-            raise CannotSay("Dropout's ratio is a run-time input, and before opset 12 it is "
-                            "an attribute", 12)
-        site.set_attr("ratio", float(np.asarray(value).reshape(-1)[0]))
-    site.drop_attr("seed")
-    del site.node.input[1:]
+    node = site.node
+    new = [helper.make_node("Identity", [node.input[0]], [node.output[0]],
+                            name=node.name or site.fresh(f"{site.label}/identity"))]
+    if len(node.output) > 1 and node.output[1]:
+        shape = site.add(new, "Shape", [node.input[0]], "shape")
+        new.append(helper.make_node("ConstantOfShape", [shape], [node.output[1]],
+                                    name=site.fresh(f"{site.label}/mask"),
+                                    value=helper.make_tensor("true", TensorProto.BOOL, [1],
+                                                             [True])))
+    site.replacement = new
+
+
+def _pool_ceil(site: Site) -> None:
+    """With ceil_mode=1 the output-size rule of the pools changed (a last window that
+    starts in the padding is dropped); where it gives another size at the target, the
+    node is refused."""
+    if not site.attr("ceil_mode", 0):
+        return
+    shape = site.shape(site.node.input[0])
+    elem = site.elem_type(site.node.input[0])
+    if shape is None or elem is None or not all(isinstance(d, int) for d in shape):
+        raise CannotSay(f"{site.node.op_type} with ceil_mode=1 on an input of unknown shape: "
+                        f"the output-size rule before opset 19 may differ", 19)
+    sizes = [_inferred_shape(site.node, elem, shape, version)
+             for version in (site.target, NEWEST_OPSET)]
+    if sizes[0] != sizes[1]:
+        raise CannotSay(f"{site.node.op_type} with ceil_mode=1 gives output {sizes[1]} from "
+                        f"opset 19 and {sizes[0]} at {site.target} (a last window starting "
+                        f"in the padding)", 19)
+
+
+def _inferred_shape(node: onnx.NodeProto, elem: int, shape: Any, version: int) -> Any:
+    single = onnx.NodeProto()
+    single.CopyFrom(node)
+    del single.output[1:]
+    graph = helper.make_graph([single], "pool", [helper.make_tensor_value_info(
+        node.input[0], elem, list(shape))], [onnx.ValueInfoProto(name=single.output[0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
+    except Exception:  # noqa: BLE001
+        return None
+    dims = inferred.graph.output[0].type.tensor_type.shape.dim
+    return [d.dim_value for d in dims]
 
 
 def _batch_normalization_14(site: Site) -> None:
@@ -1367,6 +1406,8 @@ ADAPTERS: dict[tuple[str, int], Adapter] = {
     ("DFT", 20): _dft_20,
     ("GridSample", 20): _grid_sample_20,
     ("GatherND", 12): _needs_default("batch_dims", 0, 12),
+    ("MaxPool", 22): _pool_ceil,
+    ("AveragePool", 22): _pool_ceil,
     ("ArgMax", 12): _needs_default("select_last_index", 0, 12),
     ("ArgMin", 12): _needs_default("select_last_index", 0, 12),
     ("AveragePool", 19): _needs_default("dilations", 1, 19),
