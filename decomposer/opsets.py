@@ -821,6 +821,9 @@ def _axes_to_attribute(key: str, since: int) -> Adapter:
         name = site.input(1)
         if name:
             value = site.constant(name)
+            if value is None and key == "split":
+                _split_by_slices(site, name)
+                return
             if value is None:
                 raise CannotSay(f"{site.node.op_type} reads its {key} from '{name}', which is "
                                 f"not a constant, and before opset {since} {key} is an "
@@ -920,6 +923,29 @@ def _full_from_axes(site: Site, new: list[onnx.NodeProto], axes: str, values: st
     return site.add(new, "ScatterElements", [base, indices, values], "full", axis=0)
 
 
+def _split_by_slices(site: Site, sizes: str) -> None:
+    """A Split by run-time sizes where the target's Split takes them only as an attribute:
+    one Slice per output, from the running sums of the sizes."""
+    node = site.node
+    axis = int(site.attr("axis", 0))
+    new: list[onnx.NodeProto] = []
+    sizes64 = site.add(new, "Cast", [sizes], "sizes64", to=TensorProto.INT64)
+    zero = site.const("axis0", np.array(0, dtype=np.int64))
+    ends = site.add(new, "CumSum", [sizes64, zero], "ends")
+    starts = site.add(new, "Sub", [ends, sizes64], "starts")
+    axes = site.const("slice_axes", np.array([axis], dtype=np.int64))
+    for index, output in enumerate(node.output):
+        if not output:
+            continue
+        at = site.const(f"part{index}", np.array([index], dtype=np.int64))
+        begin = site.add(new, "Gather", [starts, at], f"start{index}", axis=0)
+        end = site.add(new, "Gather", [ends, at], f"end{index}", axis=0)
+        new.append(helper.make_node("Slice", [node.input[0], begin, end, axes], [output],
+                                    name=site.fresh(f"{site.label}/slice{index}")))
+    site.replacement = [*site.before, *new]
+    site.before = []
+
+
 def _split_num_outputs(site: Site) -> None:
     """Split-18's num_outputs: older Splits take the sizes (or cut evenly into the outputs)."""
     count = site.attr("num_outputs")
@@ -934,10 +960,9 @@ def _split_num_outputs(site: Site) -> None:
     if isinstance(length, int) and length % count == 0:
         return  # the older even split
     if not isinstance(length, int):
-        if site.target < 13 or shape is None:
-            raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length (the "
-                            "last part may be smaller), and Splits before 13 need the sizes "
-                            "as an attribute", 18)
+        if shape is None:
+            raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length of "
+                            "an input of unknown rank", 18)
         # sizes at run time: chunk = ceil(d / n); part i = clamp(d - i * chunk, 0, chunk)
         new: list[onnx.NodeProto] = []
         rank = len(shape)
@@ -951,11 +976,17 @@ def _split_num_outputs(site: Site) -> None:
             "chunk")
         starts = site.add(new, "Mul", [site.const("parts", np.arange(count, dtype=np.int64)),
                                        chunk], "starts")
-        left = site.add(new, "Max", [site.add(new, "Sub", [dim, starts], "left"),
-                                     site.const("zero", np.array(0, dtype=np.int64))],
-                        "left_clamped")
-        sizes = site.add(new, "Min", [left, chunk], "sizes")
+        left = site.add(new, "Sub", [dim, starts], "left")
+        zero = site.const("zero", np.array(0, dtype=np.int64))
+        # int64 Max/Min need opset 12: Where(Less) says them at 11
+        left = site.add(new, "Where", [site.add(new, "Less", [left, zero], "empty"), zero,
+                                       left], "left_clamped")
+        sizes = site.add(new, "Where", [site.add(new, "Less", [chunk, left], "full"), chunk,
+                                        left], "sizes")
         site.before.extend(new)
+        if site.target < 13:
+            _split_by_slices(site, sizes)
+            return
         site.node.input.append(sizes)
         return
     chunk = -(-length // count)
@@ -1344,6 +1375,57 @@ def _recurrent_layout(site: Site) -> None:
                                                                f"{index}")))
 
 
+def _integer_extremum(site: Site) -> None:
+    """Max/Min-12 take integers; before 12 only floats, which cannot hold every 64-bit
+    integer: a chain of Where(Greater/Less) over the (broadcast) inputs says them exactly
+    (ONNX Runtime has no uint64 Where kernel)."""
+    elem = site.elem_type(site.node.input[0])
+    if elem not in (TensorProto.INT64, TensorProto.UINT64):
+        return  # narrower integers are carried in float or double exactly
+    node = site.node
+    compare = "Greater" if node.op_type == "Max" else "Less"
+    new: list[onnx.NodeProto] = []
+    inputs = [name for name in node.input if name]
+    current = inputs[0]
+    for index, other in enumerate(inputs[1:], start=1):
+        last = index == len(inputs) - 1
+        picked = site.add(new, compare, [current, other], f"keep{index}")
+        output = node.output[0] if last else site.fresh(f"{site.label}/running{index}")
+        new.append(helper.make_node("Where", [picked, current, other], [output],
+                                    name=site.fresh(f"{site.label}/where{index}")))
+        current = output
+    if len(inputs) == 1:
+        new.append(helper.make_node("Identity", [current], [node.output[0]],
+                                    name=node.name or site.fresh(f"{site.label}/identity")))
+    site.replacement = new
+
+
+def _select_last_index(site: Site) -> None:
+    """ArgMax/ArgMin-12's select_last_index=1: the first index along the reversed axis,
+    counted from the end."""
+    if not site.attr("select_last_index", 0):
+        site.drop_attr("select_last_index")
+        return
+    node = site.node
+    axis = int(site.attr("axis", 0))
+    keepdims = int(site.attr("keepdims", 1))
+    new: list[onnx.NodeProto] = []
+    reversed_x = site.add(new, "Slice", [
+        node.input[0], site.const("from_end", np.array([-1], dtype=np.int64)),
+        site.const("past_start", np.array([-(1 << 62)], dtype=np.int64)),
+        site.const("axis", np.array([axis], dtype=np.int64)),
+        site.const("back", np.array([-1], dtype=np.int64))], "reversed")
+    first = site.add(new, node.op_type, [reversed_x], "first", axis=axis, keepdims=keepdims)
+    length = site.add(new, "Gather", [site.add(new, "Shape", [node.input[0]], "shape"),
+                                      site.const("at", np.array(axis, dtype=np.int64))],
+                      "length", axis=0)
+    last = site.add(new, "Sub", [length, site.const("one", np.array(1, dtype=np.int64))],
+                    "last")
+    new.append(helper.make_node("Sub", [last, first], [node.output[0]],
+                                name=site.fresh(f"{site.label}/from_start")))
+    site.replacement = new
+
+
 def _roi_align_16(site: Site) -> None:
     """RoiAlign-16's coordinate_transformation_mode defaults to half_pixel; RoiAlign-10
     always computes output_half_pixel."""
@@ -1354,12 +1436,31 @@ def _roi_align_16(site: Site) -> None:
 
 
 def _mod_28(site: Site) -> None:
-    if not site.attr("fmod", 0):
-        elem = site.elem_type(site.node.input[0])
-        if elem in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
-                    TensorProto.BFLOAT16):
-            raise CannotSay("Mod with fmod=0 on floating-point inputs is defined from "
-                            "opset 28", 28)
+    """Mod-28 takes floats with fmod=0 (the sign of the divisor, as Python's %); before it
+    only fmod=1 does: r = fmod(a, b), then b is added where r is nonzero and its sign
+    differs from b's, and a zero takes b's sign (what numpy's remainder computes)."""
+    elem = site.elem_type(site.node.input[0])
+    if site.attr("fmod", 0) or elem not in (TensorProto.FLOAT, TensorProto.DOUBLE,
+                                            TensorProto.FLOAT16):
+        return
+    node = site.node
+    a, b = node.input[0], node.input[1]
+    new: list[onnx.NodeProto] = []
+    r = site.add(new, "Mod", [a, b], "fmod", fmod=1)
+    zero = site.add(new, "Sub", [r, r], "zero")  # 0 of r's type and shape (NaN stays NaN)
+    r_negative = site.add(new, "Less", [r, zero], "r_negative")
+    b_negative = site.add(new, "Less", [b, zero], "b_negative")
+    nonzero = site.add(new, "Not", [site.add(new, "Equal", [r, zero], "r_is_zero")],
+                       "r_nonzero")
+    differ = site.add(new, "And", [nonzero, site.add(new, "Xor", [r_negative, b_negative],
+                                                       "signs_differ")], "shift")
+    shifted = site.add(new, "Where", [differ, site.add(new, "Add", [r, b], "r_plus_b"), r],
+                       "shifted")
+    signed_zero = site.add(new, "Mul", [site.add(new, "Abs", [r], "abs_r"),
+                                        site.add(new, "Sign", [b], "sign_b")], "signed_zero")
+    new.append(helper.make_node("Where", [nonzero, shifted, signed_zero], [node.output[0]],
+                                name=site.fresh(f"{site.label}/remainder")))
+    site.replacement = new
 
 
 def _space_to_depth_28(site: Site) -> None:
@@ -1408,8 +1509,10 @@ ADAPTERS: dict[tuple[str, int], Adapter] = {
     ("GatherND", 12): _needs_default("batch_dims", 0, 12),
     ("MaxPool", 22): _pool_ceil,
     ("AveragePool", 22): _pool_ceil,
-    ("ArgMax", 12): _needs_default("select_last_index", 0, 12),
-    ("ArgMin", 12): _needs_default("select_last_index", 0, 12),
+    ("ArgMax", 12): _select_last_index,
+    ("ArgMin", 12): _select_last_index,
+    ("Max", 12): _integer_extremum,
+    ("Min", 12): _integer_extremum,
     ("AveragePool", 19): _needs_default("dilations", 1, 19),
     ("RoiAlign", 16): _roi_align_16,
     **{(op, 14): _recurrent_layout for op in ("RNN", "GRU", "LSTM")},
