@@ -354,8 +354,11 @@ def take_down(model: onnx.ModelProto, target: int,
         for graph, label in _graphs(shell, f"function {function.domain}::{function.name}"):
             _take_down_nodes(graph.node, version, target, function_facts, fresh, label,
                              refusals, has_pattern)
+        read = {name for node in shell.node for name in node.input} | set(function.output)
+        kept = [node for node in shell.node if not (
+            node.op_type == "Constant" and node.output[0] not in read)]
         del function.node[:]
-        function.node.extend(shell.node)
+        function.node.extend(kept)
         for entry in function.opset_import:
             if norm_domain(entry.domain) == "":
                 entry.version = target

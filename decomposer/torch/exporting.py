@@ -25,7 +25,7 @@ from decomposer.errors import (
     ModelIOError,
 )
 from decomposer.modelio import load_model, save_model
-from decomposer.opsets import convert_opset, default_opset
+from decomposer.opsets import default_opset
 from decomposer.report import Report
 from decomposer.torch import probe
 from decomposer.torch.frozen import frozen_in_graph, frozen_in_program, refuse
@@ -104,8 +104,9 @@ def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = 
         if opset_version is not None and produced != opset_version:
             if not dynamo or produced is None or produced < opset_version:
                 _require_opset(onnx_model, opset_version, "torch's export")
-            onnx_model = convert_opset(onnx_model, opset_version)
-        out, report = decompose_with_report(onnx_model, target=target)
+        # one path with --target-opset: torch's standard ops go down with the custom nodes
+        out, report = decompose_with_report(onnx_model, target=target,
+                                            target_opset=opset_version)
         _require_opset(out, opset_version, "the decomposed model")
         save_model(out, destination, source_dir=scratch)
     report.output_path = str(destination)
