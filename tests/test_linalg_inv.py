@@ -277,9 +277,9 @@ def dependent_integer_matrices(rng: np.random.Generator, count: int, n: int) -> 
 def test_closed_form_info_is_the_first_dependent_column(n, dtype):
     """n <= 4: info comes from the closed form's minors (column 0, the 2x2 and 3x3 minors
     of the leading columns, det), exact for integer entries this small. Against exact
-    rational elimination; and torch, wherever its LU reports a zero pivot, agrees (its
-    rounding can also leave an exactly singular 4x4 matrix a tiny nonzero last pivot:
-    info 0 there, and a ~1e7 inverse)."""
+    rational elimination; and torch, wherever its LU reports a zero pivot, agrees or
+    reports a later column (its rounding can leave a dependent column a tiny nonzero
+    pivot: info 0 for an exactly singular 4x4 matrix, and a ~1e7 inverse)."""
     a = dependent_integer_matrices(np.random.default_rng(n), 600, n).astype(dtype)
     want = np.array([first_dependent_column(m) for m in a], np.int32)
     assert len(set(want.tolist())) == n + 1  # the premise: every info value occurs
@@ -288,7 +288,11 @@ def test_closed_form_info_is_the_first_dependent_column(n, dtype):
     np.testing.assert_array_equal(info, want)
     _, torch_info = torch_inverse_ex(a)
     reported = torch_info > 0
-    np.testing.assert_array_equal(info[reported], torch_info[reported])
+    # torch's LU rounding can leave a dependent column a tiny nonzero pivot, so it may
+    # report a later column than the exact first one (seen on some CPUs' LAPACK), never an
+    # earlier one; it agrees on nearly all.
+    assert (info[reported] <= torch_info[reported]).all()
+    assert (info[reported] == torch_info[reported]).mean() >= 0.98
     regular = want == 0
     np.testing.assert_allclose(inverse[regular], torch_inverse(a[regular]),
                                **tolerances(dtype))
