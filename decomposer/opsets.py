@@ -855,6 +855,10 @@ def _reduce_with_axes_input(since: int) -> Adapter:
                 site.node.op_type in _THROUGH_REDUCE_SUM:
             _through_reduce_sum(site)
             return
+        if axes is None and site.rank(site.node.input[0]) is not None and \
+                site.elem_type(site.node.input[0]) is not None:
+            _reduce_per_axis(site)
+            return
         if noop and axes is None:
             raise CannotSay(f"{site.node.op_type} has noop_with_empty_axes=1 and run-time "
                             f"axes that may be empty", since)
@@ -910,6 +914,77 @@ def _through_reduce_sum(site: Site) -> None:
     site.replacement = new
 
 
+def _reduce_per_axis(site: Site) -> None:
+    """A Reduce op over run-time axes where the target's op takes them only as an
+    attribute (the input's rank known): for each axis k, an If on "k is among the axes (or
+    the axes are empty and noop_with_empty_axes=0)" reduces along k with keepdims=1 or
+    passes the tensor on; keepdims=0 then drops the reduced axes with a Reshape to the
+    Compress-ed shape. Reducing one axis after another is the same reduction
+    (ReduceSumSquare/L1/L2/LogSum: the square or |x| first, sums per axis, then the root or
+    log)."""
+    node = site.node
+    rank = site.rank(node.input[0])
+    elem = site.elem_type(node.input[0])
+    assert rank is not None and elem is not None
+    summed, after = _THROUGH_REDUCE_SUM.get(node.op_type, ("x", ""))
+    per_axis = node.op_type if summed == "x" and after in ("", "mean") else "ReduceSum"
+    if node.op_type == "ReduceLogSum":
+        per_axis = "ReduceSum"
+    keepdims = int(site.attr("keepdims", 1))
+    noop = int(site.attr("noop_with_empty_axes", 0))
+    new: list[onnx.NodeProto] = []
+    y = node.input[0]
+    if summed == "square":
+        y = site.add(new, "Mul", [y, y], "square")
+    elif summed == "abs":
+        y = site.add(new, "Abs", [y], "abs")
+    axes64 = site.add(new, "Cast", [node.input[1]], "axes64", to=TensorProto.INT64)
+    rank_c = site.const("rank", np.array(rank, dtype=np.int64))
+    wrapped = site.add(new, "Mod", [site.add(new, "Add", [axes64, rank_c], "axes_up"),
+                                    rank_c], "axes_wrapped")
+    empty = site.add(new, "Equal", [site.add(new, "Size", [axes64], "axes_count"),
+                                    site.const("none", np.array(0, dtype=np.int64))],
+                     "axes_empty")
+    hits = []
+    for k in range(rank):
+        matches = site.add(new, "Cast", [site.add(new, "Equal", [wrapped, site.const(
+            f"axis{k}", np.array(k, dtype=np.int64))], f"is_axis{k}")], f"is_axis{k}_i64",
+            to=TensorProto.INT64)
+        hit = site.add(new, "Greater", [site.add(new, "ReduceSum", [matches],
+                                                 f"axis{k}_count", keepdims=0),
+                                        site.const("zero_count", np.array(0, dtype=np.int64))],
+                       f"reduce_axis{k}")
+        if not noop:
+            hit = site.add(new, "Or", [hit, empty], f"reduce_axis{k}_or_all")
+        hits.append(hit)
+        reduced = site.fresh(f"{site.label}/along{k}")
+        kept = site.fresh(f"{site.label}/kept{k}")
+        then_graph = helper.make_graph(
+            [helper.make_node(per_axis, [y], [reduced], axes=[k], keepdims=1,
+                              name=site.fresh(f"{site.label}/reduce{k}"))],
+            f"reduce_axis_{k}", [], [helper.make_tensor_value_info(reduced, elem, None)])
+        else_graph = helper.make_graph(
+            [helper.make_node("Identity", [y], [kept], name=site.fresh(f"{site.label}/keep{k}"))],
+            f"keep_axis_{k}", [], [helper.make_tensor_value_info(kept, elem, None)])
+        y = site.add(new, "If", [hit], f"after_axis{k}", then_branch=then_graph,
+                     else_branch=else_graph)
+    if after == "sqrt":
+        y = site.add(new, "Sqrt", [y], "sqrt")
+    elif after == "log":
+        y = site.add(new, "Log", [y], "log")
+    if not keepdims:
+        flags = [site.add(new, "Reshape", [hit, site.const("one", np.array([1], np.int64))],
+                          f"flag{k}") for k, hit in enumerate(hits)]
+        kept_axes = site.add(new, "Not", [site.add(new, "Concat", flags, "reduced_axes",
+                                                   axis=0)], "kept_axes")
+        shape = site.add(new, "Compress", [site.add(new, "Shape", [y], "reduced_shape"),
+                                           kept_axes], "out_shape", axis=0)
+        y = site.add(new, "Reshape", [y, shape], "dropped")
+    new.append(helper.make_node("Identity", [y], [node.output[0]],
+                                name=node.name or site.fresh(f"{site.label}/out")))
+    site.replacement = new
+
+
 def _full_from_axes(site: Site, new: list[onnx.NodeProto], axes: str, values: str,
                     base: str, rank: int, twice: bool) -> str:
     """``base`` (length rank, or 2*rank with ``twice``) with ``values`` written at the
@@ -950,7 +1025,8 @@ def _split_by_slices(site: Site, sizes: str) -> None:
 
 
 def _split_num_outputs(site: Site) -> None:
-    """Split-18's num_outputs: older Splits take the sizes (or cut evenly into the outputs)."""
+    """Split-18's num_outputs: older Splits cut evenly or take the sizes, computed at run
+    time for a length unknown here (as Slices below 13)."""
     count = site.attr("num_outputs")
     site.drop_attr("num_outputs")
     if count is None or site.input(1):
@@ -963,16 +1039,11 @@ def _split_num_outputs(site: Site) -> None:
     if isinstance(length, int) and length % count == 0:
         return  # the older even split
     if not isinstance(length, int):
-        if shape is None:
-            raise CannotSay("Split-18 cuts by num_outputs a dimension of unknown length of "
-                            "an input of unknown rank", 18)
         # sizes at run time: chunk = ceil(d / n); part i = clamp(d - i * chunk, 0, chunk)
         new: list[onnx.NodeProto] = []
-        rank = len(shape)
         dim = site.add(new, "Gather", [site.add(new, "Shape", [site.node.input[0]], "shape"),
-                                       site.const("axis", np.array([axis % rank],
-                                                                   dtype=np.int64))],
-                       "length", axis=0)
+                                       site.const("axis", np.array([axis], dtype=np.int64))],
+                       "length", axis=0)  # a negative axis counts from the end, as Gather
         count_c = site.const("count", np.array(count, dtype=np.int64))
         chunk = site.add(new, "Div", [site.add(new, "Add", [dim, site.const(
             "count_less_one", np.array(count - 1, dtype=np.int64))], "length_up"), count_c],
@@ -993,12 +1064,13 @@ def _split_num_outputs(site: Site) -> None:
         site.node.input.append(sizes)
         return
     chunk = -(-length // count)
-    sizes = [min(chunk, length - i * chunk) for i in range(count)]
+    sizes = [max(0, min(chunk, length - i * chunk)) for i in range(count)]
     site.node.input.append(site.const("split", np.array(sizes, dtype=np.int64)))
 
 
 def _pad_axes(site: Site) -> None:
-    """Pad-18's axes input: older Pads take pads for every axis."""
+    """Pad-18's axes input: older Pads take pads for every axis (constant ones written out,
+    run-time ones scattered into a full-rank pads tensor; the rank must be known)."""
     axes_name = site.input(3)
     if not axes_name:
         return
@@ -1028,6 +1100,7 @@ def _pad_axes(site: Site) -> None:
 
 
 def _pad_wrap(site: Site) -> None:
+    """Pad-19's mode 'wrap' is refused (no older Pad says it)."""
     if site.attr("mode", b"constant") == b"wrap":
         raise CannotSay("Pad's mode 'wrap' is defined from opset 19", 19)
 
@@ -1079,13 +1152,13 @@ def _softmax_axis(site: Site) -> None:
     if axis == rank - 1:
         return
     order = [a for a in range(rank) if a != axis] + [axis]
-    inverse = [order.index(a) for a in range(rank)]
+    back_order = [order.index(a) for a in range(rank)]
     site.node.input[0] = site.add(site.before, "Transpose", [site.node.input[0]],
                                   "to_last", perm=order)
     original = site.node.output[0]
     inner = site.fresh(f"{site.label}/along_last")
     site.node.output[0] = inner
-    site.after.append(helper.make_node("Transpose", [inner], [original], perm=inverse,
+    site.after.append(helper.make_node("Transpose", [inner], [original], perm=back_order,
                                        name=site.fresh(f"{site.label}/back")))
 
 
@@ -1105,7 +1178,8 @@ def _resize_13(site: Site) -> None:
 
 
 def _resize_18(site: Site) -> None:
-    """Resize-18's antialias, axes and keep_aspect_ratio_policy."""
+    """Resize-18's antialias=1 and keep_aspect_ratio_policy other than stretch are refused;
+    axes are written out into full-rank scales/sizes (scattered at run time)."""
     if site.attr("antialias", 0):
         raise CannotSay("Resize with antialias=1 is defined from opset 18", 18)
     policy = site.attr("keep_aspect_ratio_policy", b"stretch")
@@ -1159,6 +1233,7 @@ def _resize_18(site: Site) -> None:
 
 
 def _resize_19(site: Site) -> None:
+    """Resize-19's half_pixel_symmetric coordinates are refused."""
     if site.attr("coordinate_transformation_mode") == b"half_pixel_symmetric":
         raise CannotSay("Resize's coordinate_transformation_mode 'half_pixel_symmetric' is "
                         "defined from opset 19", 19)
@@ -1262,6 +1337,7 @@ def _inferred_shape(node: onnx.NodeProto, elem: int, shape: Any, version: int) -
 
 
 def _batch_normalization_14(site: Site) -> None:
+    """training_mode=1 is refused; at inference the extra outputs are dropped."""
     if site.attr("training_mode", 0):
         raise CannotSay("BatchNormalization in training mode is defined from opset 14", 14)
     site.drop_attr("training_mode")
@@ -1291,10 +1367,12 @@ def _quantize_13(site: Site) -> None:
 
 
 def _quantize_19(site: Site) -> None:
+    """saturate is dropped (it applies to float8 outputs only, which are refused)."""
     site.drop_attr("saturate")  # only float8 outputs saturate, and they are refused
 
 
 def _quantize_21(site: Site) -> None:
+    """block_size and output_dtype must be absent (refused otherwise)."""
     if site.attr("block_size", 0):
         raise CannotSay(f"{site.node.op_type} with block_size is defined from opset 21", 21)
     output_dtype = site.attr("output_dtype", 0)
@@ -1304,6 +1382,7 @@ def _quantize_21(site: Site) -> None:
 
 
 def _cast_19(site: Site) -> None:
+    """saturate is dropped (it applies to float8 types only, which are refused)."""
     site.drop_attr("saturate")  # meaningful only for float8 types, which are refused
 
 
@@ -1467,12 +1546,14 @@ def _mod_28(site: Site) -> None:
 
 
 def _space_to_depth_28(site: Site) -> None:
+    """mode DCR is dropped (the older behaviour); CRD is refused."""
     if site.attr("mode", b"DCR") != b"DCR":
         raise CannotSay("SpaceToDepth's mode 'CRD' is defined from opset 28", 28)
     site.drop_attr("mode")
 
 
 def _range_27(site: Site) -> None:
+    """stash_type is dropped (it applies to float16/bfloat16 only, which are refused)."""
     site.drop_attr("stash_type")  # only float16/bfloat16 use it, and they are refused
 
 
@@ -1525,9 +1606,11 @@ ADAPTERS: dict[tuple[str, int], Adapter] = {
 }
 
 
-def adapter_table() -> list[tuple[str, int, int, str]]:
+def adapter_table(has_pattern: Callable[[str], bool] = lambda op_type: False
+                  ) -> list[tuple[str, int, int, str]]:
     """(op, version, previous version, what going below ``version`` does) for every
-    default-domain op version from 12 to the newest: the rows of docs/opset-adapters.md."""
+    default-domain op version from 12 to the newest: the rows of docs/opset-adapters.md.
+    ``has_pattern`` says which new ops a registered pattern lowers."""
     rows = []
     for op_type in sorted(_HISTORY):
         versions = _HISTORY[op_type]
@@ -1535,8 +1618,15 @@ def adapter_table() -> list[tuple[str, int, int, str]]:
             if version <= 11:
                 continue
             if previous is None:
-                rows.append((op_type, version, 0, "new op: a lowering pattern, if one is "
-                                                   "registered; otherwise refused"))
+                schema = _schema(op_type, version)
+                if has_pattern(op_type):
+                    how = "new op: lowered by its pattern"
+                elif schema is not None and (schema.has_function or
+                                             schema.has_context_dependent_function):
+                    how = "new op: replaced by ONNX's own function body, taken down in turn"
+                else:
+                    how = "new op: refused (no pattern and no function body lowers it)"
+                rows.append((op_type, version, 0, how))
                 continue
             rows.append((op_type, version, previous, _describe_step(op_type, version,
                                                                    previous)))
@@ -1548,7 +1638,7 @@ def _describe_step(op_type: str, version: int, previous: int) -> str:
     parts = []
     adapter = ADAPTERS.get((op_type, version))
     if adapter is not None and adapter.__doc__:
-        parts.append(" ".join(adapter.__doc__.split()).rstrip("."))
+        parts.append(" ".join(adapter.__doc__.split()).rstrip(".").replace("``", "`"))
     if newer is not None and older is not None:
         added = sorted(set(newer.attributes) - set(older.attributes))
         if added and adapter is None:

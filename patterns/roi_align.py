@@ -41,11 +41,16 @@ Matches:
 Refused with the reason: a model at opset 22 or later (its RoiAlign is RoiAlign-22,
 which ONNX Runtime 1.32 has no kernel for; measured); mmcv max pooling with an adaptive
 sampling ratio (the samples per bin vary per roi: no standard op takes that max);
-``half_pixel`` (mmcv ``aligned=1``) below opset 16 (RoiAlign-10 always clamps roi sizes to
+``ROIAlign_TRT``'s ``half_pixel`` below opset 16 (RoiAlign-10 always clamps roi sizes to
 1, so shifting the rois is exact only for rois of a pixel or more); ``ROIAlign_TRT`` max
 pooling under the portable target: OpenVINO's ``RoiAlign`` max is mmcv's rule, ONNX
 Runtime's the plugin's, so no one graph means the same on both (``--target ort`` emits
 ``RoiAlign`` max, exact on ONNX Runtime).
+
+mmcv ``aligned=1`` below opset 16 (mmdeploy's default export: opset 11) is RoiAlign-10
+(output_half_pixel) on rois shifted by -0.5 after scaling: the same sample points, exact
+for every roi at least one pixel wide and high on its feature map after ``spatial_scale``
+(RoiAlign-10 clamps smaller ones to one pixel; mmcv does not).
 
 Not exact, documented: the plugin's average of an empty sampling grid (a zero-size roi,
 ``half_pixel``, adaptive ratio) is 0/0 = NaN in ``ROIAlign_TRT``, 0 here (ONNX Runtime);
@@ -58,7 +63,7 @@ Before -> after::
     MMCVRoiAlign(X, rois; max g) ->  MaxPool_gxg(RoiAlign(...; avg, h*g x w*g, ratio 1))
     ROIAlign_TRT(X, rois, idx)   ->  RoiAlign(X, rois, int64(idx); ctm, mode)
 
-Envelope: opsets 11-21 (``half_pixel`` 16-21); X float16/32/64 (float16 computed in float32);
+Envelope: opsets 11-21 (``ROIAlign_TRT`` ``half_pixel`` 16-21); X float16/32/64 (float16 computed in float32);
 R, N, H, W dynamic.
 """
 
@@ -118,10 +123,9 @@ class _RoiAlign(Pattern[Facts]):
         if ctx.opset >= 22:
             raise Reject(f"at opset {ctx.opset} RoiAlign is RoiAlign-22, which ONNX Runtime "
                          "1.32 has no kernel for; convert the model to opset 16-21 first")
-        if half_pixel and ctx.opset < 16:
-            raise Reject("half-pixel rois (mmcv aligned=1) need RoiAlign-16; below opset 16 "
-                         "RoiAlign clamps every roi to at least one pixel. Convert the "
-                         "model to opset 16 (onnx.version_converter) first")
+        if half_pixel and ctx.opset < 16 and not self.mmcv:
+            raise Reject("half-pixel rois need RoiAlign-16; below opset 16 RoiAlign clamps "
+                         "every roi to at least one pixel; target opset 16 or newer")
         max_pool = ort_max = False
         if maximum and self.mmcv:
             if ratio <= 0:
@@ -160,6 +164,10 @@ class _RoiAlign(Pattern[Facts]):
         if scale != 1.0:  # RoiAlign multiplies the same way; TVM needs spatial_scale 1
             boxes = b.Mul(boxes, np.array(scale, np.float32 if narrow else original),
                           hint="scaled_boxes")
+        if facts.half_pixel and b.opset < 16:
+            # RoiAlign-10 is output_half_pixel: half_pixel's -0.5 goes on the rois instead
+            boxes = b.Sub(boxes, np.array(0.5, np.float32 if narrow else original),
+                          hint="half_pixel_boxes")
         attrs: dict[str, Any] = {
             "output_height": height * grid, "output_width": width * grid,
             "sampling_ratio": 1 if facts.max_pool else facts.ratio, "spatial_scale": 1.0,

@@ -231,17 +231,39 @@ def summary(results: Sequence[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def refusals_by_op(results: Sequence[Outcome]) -> str:
+    """The refused runs grouped by the op of the first node named, with one reason."""
+    import re
+
+    groups: dict[str, list[Outcome]] = collections.defaultdict(list)
+    for result in results:
+        if result.status != "refused":
+            continue
+        found = re.search(r"::([A-Za-z0-9_]+)\)", result.detail)
+        groups[found.group(1) if found else "?"].append(result)
+    lines = ["| op | runs refused | one reason |", "|---|---|---|"]
+    for op_type, group in sorted(groups.items(), key=lambda item: (-len(item[1]), item[0])):
+        reason = group[0].detail.split(": ", 2)[-1].split("; node '")[0]
+        lines.append(f"| {op_type} | {len(group)} | {reason[:160]} |")
+    return "\n".join(lines)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--targets", default="17,13,11")
     parser.add_argument("--converter", action="store_true",
                         help="measure onnx.version_converter instead of decomposer")
+    parser.add_argument("--by-op", action="store_true",
+                        help="also print the refused runs grouped by op")
     parser.add_argument("--list", default="", metavar="STATUS[,STATUS]",
                         help="also list the runs with these outcomes")
     args = parser.parse_args(argv)
     targets = [int(t) for t in args.targets.split(",")]
     results = measure(targets, converter=args.converter)
     print(summary(results))
+    if args.by_op:
+        print()
+        print(refusals_by_op(results))
     shown = set(filter(None, args.list.split(",")))
     for result in results:
         if result.status in shown:

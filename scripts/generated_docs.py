@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from decomposer import engine_support
+from decomposer.opsets import adapter_table
 from decomposer.portability import rules_table
 from decomposer.registry import build_registry
 
@@ -45,12 +46,29 @@ def supported_ops_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def opset_adapter_table() -> str:
+    """Every default-domain op version from 12 to the newest: what ``--target-opset``
+    does to a node of it when the target is older (decomposer.opsets.adapter_table)."""
+    import onnx
+
+    registry = build_registry(entry_points=False)
+
+    def has_pattern(op_type: str) -> bool:
+        return registry.lookup(onnx.helper.make_node(op_type, [], [])) is not None
+
+    lines = ["| op | version | previous | going below the version |", "|---|---|---|---|"]
+    for op_type, version, previous, what in adapter_table(has_pattern):
+        lines.append(f"| {op_type} | {version} | {previous or '-'} | {_cell(what)} |")
+    return "\n".join(lines) + "\n"
+
+
 # (file, name, generator): the section sits between "<!-- name: generated ... -->" and
 # "<!-- /name -->".
 SECTIONS = (
     ("README.md", "supported-ops", supported_ops_table),
     ("docs/portability.md", "portability-rules", rules_table),
     ("docs/portability.md", "engine-gaps", lambda: engine_support.table() + "\n"),
+    ("docs/opset-adapters.md", "opset-adapters", opset_adapter_table),
 )
 
 

@@ -49,9 +49,9 @@ def torch_roi_align(x, boxes, index, height, width, scale, ratio, aligned, maxim
     return out.numpy()
 
 
-def _rois(rng, count, images, extent=48.0):
+def _rois(rng, count, images, extent=48.0, smallest=0.3):
     centre = rng.uniform(-4, extent, (count, 2))
-    size = rng.uniform(0.3, 24, (count, 2))
+    size = rng.uniform(smallest, 24, (count, 2))
     boxes = np.concatenate([centre, centre + size], 1).astype(np.float32)
     index = rng.integers(0, images, count)
     return boxes, index
@@ -68,10 +68,9 @@ def _mmcv_model(attrs, opset, elem=TensorProto.FLOAT):
 
 
 @pytest.mark.parametrize("opset, mode, aligned, ratio", [
-    (opset, mode, aligned, ratio) for opset in (13, 16, 21)
+    (opset, mode, aligned, ratio) for opset in (11, 13, 16, 21)
     for mode, aligned, ratio in [("avg", 1, 2), ("avg", 1, 0), ("avg", 0, 2), ("avg", 0, 0),
-                                 ("max", 1, 2), ("max", 0, 3)]
-    if opset >= 16 or not aligned])  # half-pixel below 16: test_mmcv_rejections
+                                 ("max", 1, 2), ("max", 0, 3)]])
 def test_mmcv_roi_align_matches_torch(mode, aligned, ratio, opset):
     rng = np.random.default_rng(ratio + 3 * aligned + (mode == "max"))
     attrs = {"output_height": 3, "output_width": 4, "spatial_scale": 0.25,
@@ -80,7 +79,8 @@ def test_mmcv_roi_align_matches_torch(mode, aligned, ratio, opset):
     onnx.checker.check_model(out, full_check=True)
     for images, size, count in [(2, (10, 12), 9), (1, (7, 5), 4)]:
         x = rng.standard_normal((images, 3, *size)).astype(np.float32)
-        boxes, index = _rois(rng, count, images)
+        # below 16, aligned rois are exact from one feature-map pixel (4 at scale 0.25) on
+        boxes, index = _rois(rng, count, images, smallest=4.0 if opset < 16 else 0.3)
         rois = np.concatenate([index[:, None], boxes], 1).astype(np.float32)
         (got,) = run_onnxruntime(out, {"x": x, "rois": rois})
         want = torch_roi_align(x, boxes, index, 3, 4, 0.25, ratio, aligned, mode == "max")
@@ -145,9 +145,22 @@ def test_tensorrt_max_mode_needs_the_ort_target():
     np.testing.assert_allclose(got, want, atol=1e-5)
 
 
+def test_mmcv_aligned_below_16_differs_only_under_one_pixel():
+    # The documented envelope: RoiAlign-10 clamps a roi under one feature-map pixel to one.
+    attrs = {"output_height": 2, "output_width": 2, "spatial_scale": 1.0,
+             "sampling_ratio": 2, "mode": "avg", "aligned": 1}
+    out = decomposer.decompose(_mmcv_model(attrs, 11))
+    x = np.random.default_rng(5).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    boxes = np.array([[1.0, 1.0, 4.0, 3.5], [2.0, 2.0, 2.5, 5.0]], np.float32)
+    rois = np.concatenate([np.zeros((2, 1), np.float32), boxes], 1)
+    (got,) = run_onnxruntime(out, {"x": x, "rois": rois})
+    want = torch_roi_align(x, boxes, np.zeros(2, np.int64), 2, 2, 1.0, 2, 1, False)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=1e-5)  # 3 x 2.5 px
+    assert np.abs(got[1] - want[1]).max() > 1e-3  # 0.5 px wide: clamped to 1
+
+
 @pytest.mark.parametrize("attrs, opset, message", [
     ({"mode": "max", "sampling_ratio": 0}, 17, "adaptive sampling_ratio"),
-    ({"aligned": 1}, 13, "need RoiAlign-16"),
     ({"output_height": 0}, 17, "must be > 0"),
     ({}, 22, "RoiAlign-22"),
 ])
@@ -175,16 +188,16 @@ def _head_case(aligned: int, seed: int):
     feeds, expected = [], []
     for images, size, count in [(2, (10, 12), 6), (1, (8, 8), 3)]:
         x = rng.standard_normal((images, 3, *size)).astype(np.float32)
-        boxes, index = _rois(rng, count, images, extent=20)
+        # at least one feature-map pixel (2 at scale 0.5): exact below opset 16 too
+        boxes, index = _rois(rng, count, images, extent=20, smallest=2.0)
         feeds.append({"x": x, "rois": np.concatenate([index[:, None], boxes], 1).astype(
             np.float32)})
         expected.append([torch_roi_align(x, boxes, index, 2, 2, 0.5, ratio, aligned,
                                          maximum).astype(np.float32)
                          for ratio, maximum in ((2, True), (0, False))])
-    # RoiAlign-22 has no ONNX Runtime kernel; half_pixel needs RoiAlign-16.
+    # RoiAlign-22 has no ONNX Runtime kernel. aligned=1 at 11 is mmdeploy's default.
     case = {"id": f"MMCVRoiAlign aligned={aligned} (max and avg)", "model": model,
-            "feeds": feeds, "expected": expected, "atol": 2e-5,
-            "opsets": (16 if aligned else 11, 21)}
+            "feeds": feeds, "expected": expected, "atol": 2e-5, "opsets": (11, 21)}
     return case
 
 
