@@ -144,6 +144,7 @@ class _Facts:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     producers: dict[str, onnx.NodeProto] = field(default_factory=dict)
     producer_opsets: dict[str, int] = field(default_factory=dict)  # what each is written at
+    written: set[str] = field(default_factory=set)  # names of nodes written at the target
     opset: int = 0  # the default for producers not in producer_opsets
     _folding: set[str] = field(default_factory=set)
 
@@ -339,7 +340,7 @@ def take_down(model: onnx.ModelProto, target: int,
     facts = _infer(model)
     facts.opset = source
     read_before = _reads(model)
-    for graph, label in _graphs(model.graph, "main graph"):
+    for graph, label in _graphs(model.graph, "main graph", facts.written):
         _take_down_nodes(graph.node, source, target, facts, fresh, label, refusals,
                          has_pattern)
     for function in model.functions:
@@ -351,7 +352,8 @@ def take_down(model: onnx.ModelProto, target: int,
         shell = onnx.GraphProto()
         shell.node.extend(function.node)
         function_facts.learn(shell)
-        for graph, label in _graphs(shell, f"function {function.domain}::{function.name}"):
+        for graph, label in _graphs(shell, f"function {function.domain}::{function.name}",
+                                    function_facts.written):
             _take_down_nodes(graph.node, version, target, function_facts, fresh, label,
                              refusals, has_pattern)
         read = {name for node in shell.node for name in node.input} | set(function.output)
@@ -412,11 +414,17 @@ def _drop_initializers(model: onnx.ModelProto, unread: set[str]) -> None:
             graph.initializer.extend(kept_tensors)
 
 
-def _graphs(graph: onnx.GraphProto, label: str) -> Iterator[tuple[onnx.GraphProto, str]]:
+def _graphs(graph: onnx.GraphProto, label: str, skip: set[str] | None = None
+            ) -> Iterator[tuple[onnx.GraphProto, str]]:
+    """``graph`` and every graph nested in it, walked after the caller rewrote each one;
+    the graphs of nodes named in ``skip`` (written at the target already) are left out."""
     yield graph, label
     for node in graph.node:
+        if skip is not None and node.name in skip:
+            continue
         for attr_label, sub in subgraphs(node):
-            yield from _graphs(sub, f"{label} > {node.op_type} '{node.name}' {attr_label}")
+            yield from _graphs(sub, f"{label} > {node.op_type} '{node.name}' {attr_label}",
+                               skip)
 
 
 def _names(model: onnx.ModelProto) -> set[str]:
@@ -484,6 +492,8 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
             continue
         if touched:
             changed = True
+        written = [*site.before, *(site.replacement or []), *site.after]
+        facts.written.update(n.name for n in written if n.name and n.name != node.name)
         rebuilt.extend(site.before)
         rebuilt.extend(site.replacement if site.replacement is not None else [site.node])
         rebuilt.extend(site.after)
@@ -934,6 +944,18 @@ def _reduce_per_axis(site: Site) -> None:
     noop = int(site.attr("noop_with_empty_axes", 0))
     new: list[onnx.NodeProto] = []
     y = node.input[0]
+    schema = _schema(per_axis, site.target)
+    allowed = {t for c in schema.type_constraints for t in c.allowed_type_strs} if schema \
+        else set()
+    original = elem
+    if _type_str(elem) not in allowed:  # bool ReduceMax-20, ...: carried, as _carry_types
+        carrier = _common_carrier([elem], allowed)
+        if carrier is None or elem == TensorProto.BOOL and per_axis in _NO_BOOL_CARRIER:
+            since = _type_since(node.op_type, elem, NEWEST_OPSET)
+            raise CannotSay(f"{node.op_type} on {_type_name(elem)} is defined from opset "
+                            f"{since}", since)
+        y = site.add(new, "Cast", [y], "carried", to=carrier)
+        elem = carrier
     if summed == "square":
         y = site.add(new, "Mul", [y, y], "square")
     elif summed == "abs":
@@ -980,8 +1002,12 @@ def _reduce_per_axis(site: Site) -> None:
         shape = site.add(new, "Compress", [site.add(new, "Shape", [y], "reduced_shape"),
                                            kept_axes], "out_shape", axis=0)
         y = site.add(new, "Reshape", [y, shape], "dropped")
-    new.append(helper.make_node("Identity", [y], [node.output[0]],
-                                name=node.name or site.fresh(f"{site.label}/out")))
+    if elem != original:
+        new.append(helper.make_node("Cast", [y], [node.output[0]], to=original,
+                                    name=node.name or site.fresh(f"{site.label}/out")))
+    else:
+        new.append(helper.make_node("Identity", [y], [node.output[0]],
+                                    name=node.name or site.fresh(f"{site.label}/out")))
     site.replacement = new
 
 
