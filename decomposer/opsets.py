@@ -1486,7 +1486,8 @@ def _recurrent_layout(site: Site) -> None:
 def _integer_extremum(site: Site) -> None:
     """Max/Min-12 take integers; before 12 only floats, which cannot hold every 64-bit
     integer: a chain of Where(Greater/Less) over the (broadcast) inputs says them exactly
-    (ONNX Runtime has no uint64 Where kernel)."""
+    (uint64: other + (current - other) * picked, wrapping; ONNX Runtime has no uint64 Where
+    kernel)."""
     elem = site.elem_type(site.node.input[0])
     if elem not in (TensorProto.INT64, TensorProto.UINT64):
         return  # narrower integers are carried in float or double exactly
@@ -1499,8 +1500,18 @@ def _integer_extremum(site: Site) -> None:
         last = index == len(inputs) - 1
         picked = site.add(new, compare, [current, other], f"keep{index}")
         output = node.output[0] if last else site.fresh(f"{site.label}/running{index}")
-        new.append(helper.make_node("Where", [picked, current, other], [output],
-                                    name=site.fresh(f"{site.label}/where{index}")))
+        if elem == TensorProto.UINT64:
+            # other + (current - other) * picked, in wrapping uint64 arithmetic: exact
+            # (ONNX Runtime has no uint64 Where kernel)
+            step = site.add(new, "Mul", [site.add(new, "Sub", [current, other],
+                                                  f"gap{index}"),
+                                         site.add(new, "Cast", [picked], f"pick{index}",
+                                                  to=TensorProto.UINT64)], f"step{index}")
+            new.append(helper.make_node("Add", [other, step], [output],
+                                        name=site.fresh(f"{site.label}/pick{index}")))
+        else:
+            new.append(helper.make_node("Where", [picked, current, other], [output],
+                                        name=site.fresh(f"{site.label}/where{index}")))
         current = output
     if len(inputs) == 1:
         new.append(helper.make_node("Identity", [current], [node.output[0]],
@@ -1531,6 +1542,61 @@ def _select_last_index(site: Site) -> None:
                     "last")
     new.append(helper.make_node("Sub", [last, first], [node.output[0]],
                                 name=site.fresh(f"{site.label}/from_start")))
+    site.replacement = new
+
+
+_SIGNED_BITS = {TensorProto.INT8: 8, TensorProto.INT16: 16, TensorProto.INT32: 32,
+                TensorProto.INT64: 64}
+
+
+def _bit_shift_28(site: Site) -> None:
+    """BitShift-28 takes signed integers (a right shift sign-extends; a shift by a negative
+    amount or by the width or more gives the sign extension alone: -1 or 0); BitShift-11
+    only unsigned ones. Computed in 64 bits: the bit pattern shifted as uint64 (a negative
+    x right-shifted as -(((-x - 1) >> y)) - 1), then the low bits cast back to the type."""
+    elem = site.elem_type(site.node.input[0])
+    if elem not in _SIGNED_BITS:
+        return
+    node = site.node
+    right = site.attr("direction", b"") == b"RIGHT"
+    new: list[onnx.NodeProto] = []
+    i64, u64 = TensorProto.INT64, TensorProto.UINT64
+    x = site.add(new, "Cast", [node.input[0]], "x64", to=i64) if elem != i64 else \
+        node.input[0]
+    y = site.add(new, "Cast", [node.input[1]], "y64", to=i64) if elem != i64 else \
+        node.input[1]
+    zero = site.const("zero", np.array(0, dtype=np.int64))
+    one = site.const("one", np.array(1, dtype=np.int64))
+    bits = site.const("bits", np.array(_SIGNED_BITS[elem], dtype=np.int64))
+    valid = site.add(new, "And", [site.add(new, "Not", [site.add(new, "Less", [y, zero],
+                                                                 "y_negative")], "y_sign_ok"),
+                                  site.add(new, "Less", [y, bits], "y_in_width")], "valid")
+    amount = site.add(new, "Cast", [site.add(new, "Where", [valid, y, zero], "y_valid")],
+                      "amount", to=u64)
+    if right:
+        negative = site.add(new, "Less", [x, zero], "x_negative")
+        flipped = site.add(new, "Sub", [site.add(new, "Neg", [x], "minus_x"), one],
+                           "not_x")  # -x - 1 = ~x: never overflows
+        magnitude = site.add(new, "Where", [negative, flipped, x], "magnitude")
+        shifted = site.add(new, "Cast", [site.add(new, "BitShift", [
+            site.add(new, "Cast", [magnitude], "magnitude_u64", to=u64), amount],
+            "shifted_u64", direction="RIGHT")], "shifted", to=i64)
+        back = site.add(new, "Sub", [site.add(new, "Neg", [shifted], "minus_shifted"), one],
+                        "not_shifted")
+        result = site.add(new, "Where", [negative, back, shifted], "arithmetic")
+        fill = site.add(new, "Where", [negative, site.const("all_ones", np.array(
+            -1, dtype=np.int64)), zero], "sign_fill")
+    else:
+        result = site.add(new, "Cast", [site.add(new, "BitShift", [
+            site.add(new, "Cast", [x], "x_u64", to=u64), amount], "shifted_u64",
+            direction="LEFT")], "shifted", to=i64)
+        fill = zero
+    outcome = node.output[0] if elem == i64 else site.fresh(f"{site.label}/result64")
+    new.append(helper.make_node("Where", [valid, result, fill], [outcome],
+                                name=site.fresh(f"{site.label}/where_valid")))
+    if elem != i64:
+        new.append(helper.make_node("Cast", [outcome], [node.output[0]], to=elem,
+                                    name=node.name or site.fresh(f"{site.label}/low_bits")))
     site.replacement = new
 
 
@@ -1627,6 +1693,7 @@ ADAPTERS: dict[tuple[str, int], Adapter] = {
     ("RoiAlign", 16): _roi_align_16,
     **{(op, 14): _recurrent_layout for op in ("RNN", "GRU", "LSTM")},
     ("Mod", 28): _mod_28,
+    ("BitShift", 28): _bit_shift_28,
     ("SpaceToDepth", 28): _space_to_depth_28,
     ("Range", 27): _range_27,
 }

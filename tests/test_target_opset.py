@@ -25,8 +25,8 @@ from decomposer.opsets import adapter_table, ir_version_for
 
 # Outcomes known not to be exact, with the reason (docs/opset-adapters.md lists them all).
 # test_mvn's model fails onnx.checker's full check at its own opset (a function body's
-# Constant), so decomposer refuses the input; ONNX Runtime has no uint64 Where kernel.
-KNOWN_NOT_EXACT = {("test_mvn", 11), ("test_max_uint64", 11), ("test_min_uint64", 11)}
+# Constant), so decomposer refuses the input.
+KNOWN_NOT_EXACT = {("test_mvn", 11)}
 
 
 def _backend(sample: int | None) -> list[backend_opsets.Outcome]:
