@@ -1,0 +1,82 @@
+"""BitwiseAnd/Or/Xor/Not below opset 18 against torch's bitwise ops (numpy where torch has no
+such dtype), through the pattern kit and through ``--target-opset``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer.patterns.bitwise import BitwiseAnd, BitwiseNot, BitwiseOr, BitwiseXor
+from decomposer.testing import Case, check_pattern, run_onnxruntime
+
+OPSETS = [11, 13, 17]
+TORCH_DTYPES = (np.int8, np.uint8, np.int16, np.int32, np.int64)
+DTYPES = (*TORCH_DTYPES, np.uint16, np.uint32, np.uint64)
+TORCH_OPS = {"BitwiseAnd": torch.bitwise_and, "BitwiseOr": torch.bitwise_or,
+             "BitwiseXor": torch.bitwise_xor}
+
+
+def full_range(dtype, shape, seed):
+    """Values over the whole range, the extremes included."""
+    info = np.iinfo(dtype)
+    values = np.random.default_rng(seed).integers(info.min, info.max, shape, endpoint=True,
+                                                  dtype=dtype)
+    flat = values.reshape(-1)
+    flat[:3] = [info.min, info.max, 0][:flat.size]
+    return values
+
+
+def oracle(op_type):
+    def expected(a, b=None):
+        if a.dtype in TORCH_DTYPES:
+            if b is None:
+                return torch.bitwise_not(torch.from_numpy(a)).numpy()
+            return TORCH_OPS[op_type](torch.from_numpy(a), torch.from_numpy(b)).numpy()
+        return np.bitwise_not(a) if b is None else \
+            {"BitwiseAnd": np.bitwise_and, "BitwiseOr": np.bitwise_or,
+             "BitwiseXor": np.bitwise_xor}[op_type](a, b)
+    return expected
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("pattern", [BitwiseAnd(), BitwiseOr(), BitwiseXor()],
+                         ids=lambda p: p.op_type)
+def test_binary_against_torch(pattern, dtype):
+    cases = [Case([full_range(dtype, (3, 4, 5), 1), full_range(dtype, (4, 1), 2)],
+                  symbolic="all",
+                  more_inputs=[[full_range(dtype, (2, 7, 3), 3), full_range(dtype, (7, 3), 4)],
+                               [full_range(dtype, (0, 2, 1), 5), full_range(dtype, (1, 1), 6)]],
+                  id="broadcast")]
+    results = check_pattern(pattern, cases, opsets=OPSETS, domain="", oracle=oracle(
+        pattern.op_type), atol=0, rtol=0)
+    for result in results:
+        kinds = {n.op_type for n in result.model.graph.node}
+        assert not kinds & {"BitwiseAnd", "BitwiseOr", "BitwiseXor"}
+        assert "Gather" in kinds
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: np.dtype(d).name)
+def test_not_against_torch(dtype):
+    cases = [Case([full_range(dtype, (3, 5), 1)], symbolic="all",
+                  more_inputs=[[full_range(dtype, (1, 9), 2)]], id="values")]
+    check_pattern(BitwiseNot(), cases, opsets=OPSETS, domain="",
+                  oracle=oracle("BitwiseNot"), atol=0, rtol=0)
+
+
+def test_target_opset_lowers_an_opset_18_model():
+    a = helper.make_tensor_value_info("a", TensorProto.INT16, ["n"])
+    b = helper.make_tensor_value_info("b", TensorProto.INT16, ["n"])
+    y = helper.make_tensor_value_info("y", TensorProto.INT16, ["n"])
+    graph = helper.make_graph([helper.make_node("BitwiseXor", ["a", "b"], ["x"]),
+                               helper.make_node("BitwiseNot", ["x"], ["y"])], "g", [a, b], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    out, report = decomposer.decompose_with_report(model, target_opset=13)
+    onnx.checker.check_model(out, full_check=True)
+    assert report.counts == {"BitwiseNot": 1, "BitwiseXor": 1}
+    left, right = full_range(np.int16, (50,), 7), full_range(np.int16, (50,), 8)
+    (got,) = run_onnxruntime(out, {"a": left, "b": right})
+    np.testing.assert_array_equal(got, ~(left ^ right))
