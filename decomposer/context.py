@@ -98,8 +98,13 @@ class Scope:
 class TypeTables:
     """Static types of tensors, one table per name space, filled lazily."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto,
+                 hints: dict[str, onnx.TypeProto] | None = None) -> None:
+        # hints: main-graph types known otherwise (the model before --target-opset took it
+        # down: an older opset's inference can know less, e.g. a Reshape to a Shape before
+        # 13); what inference finds wins, unless it found no shape
         self._model = model
+        self._hints = hints
         self._tables: dict[str, dict[str, onnx.TypeProto]] | None = None
         self._recorded: dict[tuple[Any, ...], onnx.TypeProto] = {}
 
@@ -124,6 +129,11 @@ class TypeTables:
             for init in graph.initializer:
                 main.setdefault(init.name, onnx.helper.make_tensor_type_proto(
                     init.data_type, list(init.dims)))
+        for name, type_proto in (self._hints or {}).items():
+            known = main.get(name)
+            if known is None or (known.HasField("tensor_type") and
+                                 not known.tensor_type.HasField("shape")):
+                main[name] = type_proto
         tables = {MAIN_NAMESPACE: main}
         for function in self._model.functions:
             table: dict[str, onnx.TypeProto] = {}
@@ -133,6 +143,10 @@ class TypeTables:
             tables[function_label(function)] = table
         self._tables = tables
         return tables
+
+    def main_types(self) -> dict[str, onnx.TypeProto]:
+        """The main graph's table (inferred and declared types), by name."""
+        return self._table(MAIN_NAMESPACE)
 
     def _table(self, namespace: str) -> dict[str, onnx.TypeProto]:
         return self._load().setdefault(namespace, {})

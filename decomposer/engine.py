@@ -117,11 +117,13 @@ class _Namespace:
 class _Rewriter:
     def __init__(self, model: onnx.ModelProto, registry: Registry, report: Report,
                  classifier: OpClassifier, schema_classifier: OpClassifier, target: str,
-                 base_dir: str | None = None) -> None:
+                 base_dir: str | None = None,
+                 type_hints: dict[str, onnx.TypeProto] | None = None) -> None:
         self.registry = registry
         self.base_dir = base_dir
         self.report = report
-        self.types = TypeTables(model)
+        self.type_hints = type_hints
+        self.types = TypeTables(model, type_hints)
         self.classifier = classifier
         # Whether the result holds a node onnx.checker cannot judge, or external data (then
         # the check masks them): the pass sees every node it keeps or writes, which spares
@@ -431,6 +433,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
                               lowered=lowered)
     source_opset = opsets.get("", 0)
     going_down = target_opset is not None and 0 < target_opset < source_opset
+    type_hints: dict[str, onnx.TypeProto] | None = None
     if going_down:
         assert target_opset is not None
         if check:
@@ -439,6 +442,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             except InvalidModelError:
                 if not _drop_stale_value_info(out, schema_classifier, report, set()):
                     raise
+        type_hints = TypeTables(model).main_types()
         _take_down(out, target_opset, report, registry)
         opsets = opset_map(list(out.opset_import))
     elif not _has_candidate(out, classifier):
@@ -455,7 +459,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
                 raise
 
     rewriter = _Rewriter(out, registry, report, classifier, schema_classifier, target,
-                         None if base_dir is None else os.fspath(base_dir))
+                         None if base_dir is None else os.fspath(base_dir), type_hints)
     main = _Namespace(list(all_nodes(model.graph)))
     functions = [_FunctionJob(function, opsets) for function in out.functions]
     # Passes: a node whose input types are only known once an upstream custom node is
@@ -471,7 +475,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
         progress = len(report.replaced) > replaced_before
         if not report.unsupported or not progress:
             break
-        rewriter.types = TypeTables(out)
+        rewriter.types = TypeTables(out, rewriter.type_hints)
     for job in functions:
         job.finish(report, opsets.get("", 0))
 

@@ -477,8 +477,14 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
             holder = onnx.GraphProto()
             holder.node.extend(nodes_of_body)
             _learn_body(holder, facts, version)
+            for body_node in holder.node:
+                if body_node.op_type in _FOLDABLE:
+                    facts.producers.update((name, body_node) for name in body_node.output
+                                           if name)
+            _fold_body(holder, facts)
             _take_down_nodes(holder.node, version, target, facts, fresh, label, refusals,
                              has_pattern)
+            _drop_dead_body(holder, {name for name in node.output if name})
             rebuilt.extend(holder.node)
             changed = True
             continue
@@ -625,6 +631,44 @@ def _bind(function: onnx.FunctionProto, node: onnx.NodeProto, schema: Any,
         graph.node.extend(n for n in bound_nodes if n is not None)
 
     return [n for n in (bind_node(b) for b in function.node) if n is not None]
+
+
+def _fold_body(holder: onnx.GraphProto, facts: _Facts) -> None:
+    """A function body's Shape/Size/Range chains over static shapes become Constants:
+    the body computes sizes at run time for every context, and some engines (TVM) cannot
+    take a Size of a shape."""
+    folded = []
+    for node in holder.node:
+        outputs = [name for name in node.output if name]
+        values = [facts.constant(name) for name in outputs] \
+            if node.op_type in _FOLDABLE and node.op_type != "Constant" and outputs else []
+        if values and all(v is not None for v in values):
+            folded.extend(helper.make_node("Constant", [], [name], name=f"{node.name}_{i}"
+                                           if i else node.name,
+                                           value=numpy_helper.from_array(value, name))
+                          for i, (name, value) in enumerate(zip(outputs, values,
+                                                                strict=True)))
+        else:
+            folded.append(node)
+    del holder.node[:]
+    holder.node.extend(folded)
+
+
+def _drop_dead_body(holder: onnx.GraphProto, outputs: set[str]) -> None:
+    """The body's size computations that nothing reads once folded or turned into
+    attributes (its names are its own: only its nodes read them, besides ``outputs``)."""
+    while True:
+        read = {name for node in holder.node for name in node.input} | outputs
+        for node in holder.node:
+            for _, sub in subgraphs(node):
+                read.update(name for inner in sub.node for name in inner.input)
+        kept = [node for node in holder.node if not (
+            node.op_type in _FOLDABLE and node.output and
+            not any(name in read for name in node.output if name))]
+        if len(kept) == len(holder.node):
+            return
+        del holder.node[:]
+        holder.node.extend(kept)
 
 
 def _learn_body(holder: onnx.GraphProto, facts: _Facts, version: int) -> None:

@@ -156,13 +156,16 @@ def detr() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray] | N
     import torch
 
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_deformable_detr import Wrapped, build_model
+    from test_deformable_detr import IMAGE, TwoOutputs, build_model
 
-    torch.manual_seed(0)
-    module = Wrapped(build_model()).eval()
-    image = torch.randn(1, 3, 64, 64)
-    model = _export(module, (image,), 16, dynamo=False, input_names=["pixel_values"])
-    return model, {"pixel_values": image.numpy()}, None
+    module = TwoOutputs(build_model()).eval()
+    image = torch.randn(*IMAGE, generator=torch.Generator().manual_seed(1))
+    # transformers' own attention: GridSample-16 (no custom node)
+    model = _export(module, (image,), 16, dynamo=False, input_names=["pixel_values"],
+                    output_names=["logits", "boxes"])
+    with torch.no_grad():  # the reference is eager: ONNX Runtime 1.32 runs no GridSample-16
+        eager = [t.numpy() for t in module(image)]
+    return model, {"pixel_values": image.numpy()}, eager
 
 
 def head() -> tuple[onnx.ModelProto, dict[str, np.ndarray], list[np.ndarray] | None]:
