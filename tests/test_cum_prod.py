@@ -1,0 +1,77 @@
+"""CumProd below opset 26 against torch.cumprod (exclusive and reverse written with flips
+and a shift around it), through the pattern kit and through ``--target-opset``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import decomposer
+from decomposer.patterns.cum_prod import CumProd
+from decomposer.testing import Case, check_pattern, run_onnxruntime
+
+
+def torch_cumprod(x, axis, exclusive=0, reverse=0):
+    t = torch.from_numpy(np.ascontiguousarray(x))
+    if reverse:
+        t = torch.flip(t, [axis])
+    y = torch.cumprod(t, dim=axis)
+    if exclusive:
+        ones = torch.ones_like(y.narrow(axis, 0, 1))
+        y = torch.cat([ones, y.narrow(axis, 0, y.shape[axis] - 1)], dim=axis)
+    if reverse:
+        y = torch.flip(y, [axis])
+    return y.numpy().astype(x.dtype)  # torch promotes int32 products to int64
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32, np.int64])
+@pytest.mark.parametrize("exclusive, reverse", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_against_torch(dtype, exclusive, reverse):
+    rng = np.random.default_rng(3)
+
+    def values(shape):
+        if np.issubdtype(dtype, np.integer):
+            return rng.integers(-3, 4, shape).astype(dtype)
+        return rng.uniform(0.5, 1.5, shape).astype(dtype) * rng.choice([-1, 1], shape)
+
+    cases = [Case([values((2, 7, 3)), np.array(axis, np.int64)], {"exclusive": exclusive,
+                                                                  "reverse": reverse},
+                  constant_inputs=[1], symbolic={0: [a for a in range(3) if a != axis % 3]},
+                  more_inputs=[[values((5, 7, 1)), np.array(axis, np.int64)]],
+                  id=f"axis={axis}")
+             for axis in (1, -2)]
+    cases.append(Case([values((9,)), np.array(0, np.int64)], {"exclusive": exclusive,
+                                                             "reverse": reverse},
+                      constant_inputs=[1], id="length 9"))
+    tolerance = 0 if np.issubdtype(dtype, np.integer) else 1e-6
+    check_pattern(CumProd(), cases, opsets=[11, 13, 17, 25], domain="",
+                  oracle=lambda x, axis, exclusive=0, reverse=0: torch_cumprod(
+                      x, int(axis), exclusive, reverse), atol=tolerance, rtol=tolerance)
+
+
+def test_run_time_axis_is_refused_with_the_reason():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])
+    axis = helper.make_tensor_value_info("axis", TensorProto.INT64, [])
+    graph = helper.make_graph([helper.make_node("CumProd", ["x", "axis"], ["y"], name="cp")],
+                              "g", [x, axis], [helper.make_tensor_value_info(
+                                  "y", TensorProto.FLOAT, [3, 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="axis must be a constant"):
+        decomposer.decompose(model, target_opset=17)
+
+
+def test_target_opset_from_26():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])
+    graph = helper.make_graph(
+        [helper.make_node("CumProd", ["x", "axis"], ["y"], name="cp", reverse=1)], "g", [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor("axis", TensorProto.INT64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
+    out = decomposer.decompose(model, target_opset=13)
+    onnx.checker.check_model(out, full_check=True)
+    data = np.random.default_rng(0).uniform(0.5, 2, (4, 6)).astype(np.float32)
+    (got,) = run_onnxruntime(out, {"x": data})
+    np.testing.assert_allclose(got, torch_cumprod(data, 1, reverse=1), rtol=1e-6)
