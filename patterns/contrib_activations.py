@@ -1,5 +1,5 @@
 """ONNX Runtime's contrib activations (com.microsoft Gelu, BiasGelu, FastGelu, QuickGelu,
-BiasAdd, BiasSplitGelu) as standard elementwise ops.
+BiasAdd, BiasSplitGelu), and ONNX's Gelu below opset 20, as standard elementwise ops.
 
 Matches, in the ``com.microsoft`` domain (what ONNX Runtime's transformer optimizer, Olive and
 the onnxruntime-genai builder write), with the semantics of ONNX Runtime's CPU/CUDA kernels as
@@ -10,6 +10,8 @@ docs/ContribOperators.md states them:
   ``x = X + bias``;
 - ``QuickGelu(X; alpha=1.702)``: ``X * Sigmoid(alpha * X)``;
 - ``BiasAdd(X, bias, skip)``: ``X + bias + skip`` (X and skip (N, S, C), bias (C,));
+- ONNX's ``Gelu(X; approximate="none"|"tanh")`` (opset 20) in the default domain below 20
+  (``--target-opset``): ``none`` as com.microsoft Gelu, ``tanh`` as FastGelu without bias;
 - ``BiasSplitGelu(X, bias)``: with ``h = X + bias`` split in two halves along the last axis,
   ``left * Gelu(right)`` (Stable Diffusion's GEGLU).
 
@@ -45,6 +47,7 @@ from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 from ._kernels import ort_runs
 
 MS = frozenset({"com.microsoft"})
+DEFAULT = frozenset({""})
 _TYPES = (TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _NARROW = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -55,6 +58,7 @@ class Facts(NamedTuple):
     elem_type: int  # of the inputs and the output
     rank: int | None
     alpha: float  # QuickGelu's
+    approximate: str = "none"  # ONNX Gelu's
 
 
 class _Activation(Pattern[Facts]):
@@ -72,7 +76,8 @@ class _Activation(Pattern[Facts]):
         shape = ctx.shape(x)
         self.check_shapes(node, ctx)
         return Facts(elem_type, None if shape is None else len(shape),
-                     float(node.args.get("alpha", 1.0)))
+                     float(node.args.get("alpha", 1.0)),
+                     str(node.args.get("approximate", "none")))
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         """Op-specific shape requirements (raise Reject)."""
@@ -112,6 +117,19 @@ def _gelu(b: Builder, x: Value, out: str | None = None) -> Value:
     else:
         erf = b.Erf(scaled, hint="erf")
     return b.Mul(b.Mul(x, erf + 1.0, hint="x_erf"), 0.5, hint="gelu", out=out)
+
+
+def _tanh_gelu(b: Builder, x: Value, out: str | None = None) -> Value:
+    """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))): FastGelu, and ONNX's Gelu
+    with approximate="tanh". Written as the second formula of ONNX Runtime's FastGeluFusion
+    (Pow(x, 3), Mul, Add x, Mul, Tanh, Add 1, Mul by 0.5 * x), which fuses it back into
+    FastGelu where the result is not a graph output."""
+    cubed = b.Pow(x, np.asarray(3.0, x.dtype), hint="cubed")
+    inner = b.Mul(b.Add(x, b.Mul(cubed, np.asarray(FAST_GELU_CUBIC, x.dtype), hint="cubic"),
+                        hint="inner"), np.asarray(SQRT_2_OVER_PI, x.dtype), hint="scaled")
+    return b.Mul(b.Mul(x, np.asarray(0.5, x.dtype), hint="half"),
+                 b.Add(b.Tanh(inner, hint="tanh"), np.asarray(1.0, x.dtype), hint="one_plus"),
+                 hint="fast_gelu", out=out)
 
 
 class Gelu(_Activation):
@@ -161,13 +179,41 @@ class FastGelu(_Activation):
     def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
                 out: str | None) -> Value:
         x = values["x"] + values["bias"] if "bias" in values else values["x"]
-        inner = (x + (x * x * x) * FAST_GELU_CUBIC) * SQRT_2_OVER_PI
-        return b.Mul(x * 0.5, b.Tanh(inner, hint="tanh") + 1.0, hint="fast_gelu", out=out)
+        return _tanh_gelu(b, x, out)
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
         x, bias = tensors["x"], tensors.get("bias")
         assert x is not None
         h = _widened(x) + (0 if bias is None else _widened(bias))
+        y = 0.5 * h * (1 + np.tanh(SQRT_2_OVER_PI * (h + FAST_GELU_CUBIC * h ** 3)))
+        return [y.astype(x.dtype)]
+
+
+class OnnxGelu(_Activation):
+    """ONNX's Gelu (opset 20) below 20: approximate "none" in GeluFusion's order, "tanh"
+    as FastGelu's formula (the same tanh approximation)."""
+
+    op_type = "Gelu"
+    forms = (Form("Gelu", domains=DEFAULT, inputs=(In("x"),), attributes={
+        "approximate": Attr("string", default="none", choices=("none", "tanh"))}),)
+    examples = (Example((("x", F, ("N", 8)),), attrs={"approximate": "tanh"},
+                        domains=(("", 17),)),)
+
+    @property
+    def name(self) -> str:
+        return "Gelu (ONNX)"
+
+    def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
+                out: str | None) -> Value:
+        return _gelu(b, values["x"], out) if facts.approximate == "none" else \
+            _tanh_gelu(b, values["x"], out)
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
+        x = tensors["x"]
+        assert x is not None
+        if args["approximate"] == "none":
+            return [gelu_reference(x)]
+        h = _widened(x)
         y = 0.5 * h * (1 + np.tanh(SQRT_2_OVER_PI * (h + FAST_GELU_CUBIC * h ** 3)))
         return [y.astype(x.dtype)]
 
@@ -278,4 +324,5 @@ def gelu_reference(x: np.ndarray, dtype: Any = None) -> np.ndarray:
     return y.astype(dtype or np.asarray(x).dtype)
 
 
-PATTERNS = [Gelu(), BiasGelu(), FastGelu(), QuickGelu(), BiasAdd(), BiasSplitGelu()]
+PATTERNS = [Gelu(), BiasGelu(), FastGelu(), QuickGelu(), BiasAdd(), BiasSplitGelu(),
+            OnnxGelu()]

@@ -1,6 +1,6 @@
 """ONNX Runtime's normalizations (SkipLayerNormalization, SkipSimplifiedLayerNormalization,
 SimplifiedLayerNormalization, LayerNormalization below opset 17, EmbedLayerNormalization)
-as standard ops.
+and ONNX's RMSNormalization below opset 23, as standard ops.
 
 Matches, with the inputs, attributes and outputs of the schemas ONNX Runtime 1.32 registers
 (``onnxruntime.capi.onnxruntime_pybind11_state.get_all_operator_schema()``; described in
@@ -22,6 +22,9 @@ its docs/ContribOperators.md) and the numbers of its CPU kernels:
   no standard op; it is matched by op type wherever the default domain does not define it):
   RMSNorm over the axes from ``axis`` on; ``inv_std_var`` float32 of X's shape with those
   axes kept as 1.
+- ``RMSNormalization(X, scale; axis=-1, epsilon=1e-5, stash_type=1)`` -> ``Y`` in the
+  default domain below opset 23 (``--target-opset``): ONNX's RMSNorm, the same math as
+  SimplifiedLayerNormalization.
 - ``LayerNormalization(X, Scale[, B]; axis=-1, epsilon=1e-5, stash_type=1)`` ->
   ``Y[, Mean][, InvStdDev]`` in the default domain **below opset 17**, where ONNX Runtime's own
   registration (what its optimizer writes for a model exported at opset 16 or lower) is no
@@ -320,6 +323,23 @@ class LayerNormalization(_Normalization):
     )
 
 
+class RMSNormalization(_Normalization):
+    """ONNX's RMSNormalization (opset 23) below 23, in SimplifiedLayerNormFusion's order."""
+
+    op_type = "RMSNormalization"
+    rms = True
+    scale_name = "scale"
+    shift_name = None
+    forms = (Form("RMSNormalization", domains=DEFAULT,
+                  inputs=(In("input"), In("scale")),
+                  attributes={"axis": Attr("int", default=-1),
+                              "epsilon": Attr("float", default=1e-5),
+                              "stash_type": Attr("int", default=1, choices=(1,))}),)
+    examples = (
+        Example((("x", F, ("N", "S", 8)), ("g", F, (8,))), domains=(("", 17),)),
+    )
+
+
 class EmbedFacts(NamedTuple):
     elem_type: int  # of the embeddings and the outputs
 
@@ -445,4 +465,5 @@ class EmbedLayerNormalization(Pattern[EmbedFacts]):
 
 
 PATTERNS = [SkipLayerNormalization(), SkipSimplifiedLayerNormalization(),
-            SimplifiedLayerNormalization(), LayerNormalization(), EmbedLayerNormalization()]
+            SimplifiedLayerNormalization(), LayerNormalization(), RMSNormalization(),
+            EmbedLayerNormalization()]

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 
 import decomposer
 from decomposer.patterns.contrib_activations import BiasSplitGelu
+from decomposer.testing import Case, check_pattern
 
 from _helpers import make_model, run_onnxruntime
 
@@ -149,3 +150,19 @@ def portability_cases():
         expected.append([y.numpy().astype(np.float32)])
     return [{"id": "contrib activations chain (com.microsoft)", "model": model,
              "feeds": feeds, "expected": expected, "atol": 1e-5}]
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_onnx_gelu_below_20_matches_torch(approximate):
+    """ONNX's Gelu-20 in the default domain below opset 20 (--target-opset), against
+    torch.nn.functional.gelu, at two sizes with dynamic dims."""
+    from decomposer.patterns.contrib_activations import OnnxGelu
+
+    rng = np.random.default_rng(11)
+    cases = [Case([(rng.standard_normal((3, 5, 8)) * 3).astype(np.float32)],
+                  {"approximate": approximate}, symbolic="all",
+                  more_inputs=[[(rng.standard_normal((1, 2, 8)) * 3).astype(np.float32)]])]
+    check_pattern(OnnxGelu(), cases, opsets=(11, 13, 17, 19), domain="",
+                  oracle=lambda x, approximate="none": F.gelu(
+                      _t(x), approximate=approximate).numpy().astype(np.float32),
+                  atol=2e-6, rtol=2e-6)

@@ -426,3 +426,24 @@ def test_embed_layer_normalization_rejections():
     with pytest.raises(decomposer.UnsupportedNodeError,
                        match="node 'embed'.*segment_ids and segment_embedding come together"):
         decomposer.decompose(_embed_model(arrays))
+
+
+@pytest.mark.parametrize("axis", [-1, -2])
+def test_onnx_rms_normalization_below_23_matches_torch(axis):
+    """ONNX's RMSNormalization-23 in the default domain below opset 23 (--target-opset),
+    against torch.nn.functional.rms_norm, at two sizes with dynamic leading dims."""
+    from decomposer.patterns.contrib_normalizations import RMSNormalization
+
+    rng = np.random.default_rng(12)
+    scale = rng.standard_normal((5, 6)[axis:] if axis == -1 else (5, 6)).astype(np.float32)
+    normalized = (6,) if axis == -1 else (5, 6)
+
+    def oracle(x, scale, axis=-1, epsilon=1e-5):
+        return torch.nn.functional.rms_norm(torch.from_numpy(x), normalized,
+                                            torch.from_numpy(scale), eps=epsilon).numpy()
+
+    cases = [Case([rng.standard_normal((2, 5, 6)).astype(np.float32), scale],
+                  {"axis": axis, "epsilon": 1e-4}, symbolic={0: (0,)},
+                  more_inputs=[[rng.standard_normal((7, 5, 6)).astype(np.float32), scale]])]
+    check_pattern(RMSNormalization(), cases, opsets=(11, 13, 17, 22), domain="",
+                  oracle=oracle, atol=2e-5, rtol=2e-5)

@@ -91,8 +91,9 @@ def test_trilu_and_affine_grid_20_are_lowered():
 
 @pytest.mark.parametrize("name, message", [
     ("Frobnicate", "not a standard ONNX op"),
-    ("Conv", "no pattern rewrites it (lowerable: AffineGrid, DeformConv, GridSample, "
-             "LayerNormalization, Trilu)"),
+    ("Conv", "no pattern rewrites it (lowerable: AffineGrid, BitwiseAnd, BitwiseNot, "
+             "BitwiseOr, BitwiseXor, CumProd, DeformConv, GridSample, LayerNormalization, "
+             "Trilu)"),
 ])
 def test_a_bad_request_is_one_clear_error(name, message):
     with pytest.raises(InvalidModelError, match=message.replace("(", r"\(").replace(")", r"\)")):
