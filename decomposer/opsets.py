@@ -722,7 +722,13 @@ def _take_down_node(site: Site, source: int, target: int) -> bool:
     if source_schema is None:
         return False  # not a standard op at all: the engine's business
     if target_schema is None:
-        return False  # not defined at the target: a lowering pattern's business
+        # Not defined at the target: a lowering pattern's business. The node is still
+        # brought to its op's first version, so patterns meet one signature (DFT-17's
+        # axis attribute, GridSample-16's mode names).
+        first = _history(node.op_type)[0]
+        target_schema = _schema(node.op_type, first)
+        if target_schema is None or source_schema.since_version == first:
+            return False
     if source_schema.since_version == target_schema.since_version:
         return False
     op_type = node.op_type
@@ -1427,13 +1433,116 @@ def _batch_normalization_15(site: Site) -> None:
                                                  f"as_x{position}", to=x_type)
 
 
+_QUANT_RANGES = {TensorProto.UINT8: (0.0, 255.0), TensorProto.INT8: (-128.0, 127.0),
+                 TensorProto.UINT16: (0.0, 65535.0), TensorProto.INT16: (-32768.0, 32767.0)}
+
+
 def _quantize_13(site: Site) -> None:
-    """QuantizeLinear/DequantizeLinear-13's axis: before it, only a per-tensor scale."""
+    """QuantizeLinear/DequantizeLinear-13's axis: before it, only a per-tensor scale; a
+    per-axis one is written in arithmetic (:func:`_quantize_arithmetic`)."""
     scale = site.shape(site.input(1))
-    if scale is None or len(scale) > 0 and scale != (1,):
-        raise CannotSay(f"{site.node.op_type} with a per-axis (or unknown-shape) scale is "
-                        f"defined from opset 13", 13)
-    site.drop_attr("axis")
+    if scale is not None and (len(scale) == 0 or scale == (1,)):
+        site.drop_attr("axis")
+        return
+    _quantize_arithmetic(site, 13)
+
+
+def _quantize_arithmetic(site: Site, since: int) -> None:
+    """QuantizeLinear/DequantizeLinear in arithmetic, for a per-axis or blocked scale or a
+    16-bit type the target's op lacks: dequantize (x - zero_point) * scale, quantize
+    Clip(Round(x / scale) + zero_point) to the type's range (Round-11 rounds half to even,
+    as QuantizeLinear does), in float32; the scale and zero point reshaped to lie along the
+    axis, a blocked one repeated block_size times along it and cut to the input's length."""
+    node = site.node
+    rank = site.rank(node.input[0])
+    scale_shape = site.shape(site.input(1))
+    block = int(site.attr("block_size", 0))
+    if rank is None or scale_shape is None:
+        raise CannotSay(f"{node.op_type} with a per-axis, blocked or 16-bit form needs "
+                        f"known ranks below opset {since}", since)
+    axis = int(site.attr("axis", 1)) % rank if rank else 0
+    zero = site.input(2)
+    new: list[onnx.NodeProto] = []
+
+    def along(name: str, hint: str) -> str:
+        """A per-axis or blocked parameter broadcast against the input."""
+        if len(scale_shape) == 0 or scale_shape == (1,) and not block:
+            return name
+        if not block:
+            shape = site.const("along_axis", np.array(
+                [-1 if a == axis else 1 for a in range(rank)], dtype=np.int64))
+            return site.add(new, "Reshape", [name, shape], hint)
+        # blocked: (..., B, ...) -> (..., B, block, ...) -> (..., B * block, ...) -> cut
+        param_shape = site.add(new, "Shape", [name], f"{hint}_shape0")
+        with_block = site.add(new, "Concat", [
+            site.add(new, "Slice", [param_shape, site.const("zero0", np.array([0], np.int64)),
+                                    site.const("through_axis", np.array([axis + 1],
+                                                                        np.int64))],
+                     f"{hint}_head"),
+            site.const("one_dim", np.array([1], np.int64)),
+            site.add(new, "Slice", [param_shape, site.const("after0", np.array([axis + 1],
+                                                                              np.int64)),
+                                    site.const("end0", np.array([rank], np.int64))],
+                     f"{hint}_tail")], f"{hint}_with_block", axis=0)
+        unsqueezed = site.add(new, "Reshape", [name, with_block], f"{hint}_unsq")
+        repeats = site.const("repeats", np.array([1] * (axis + 1) + [block] +
+                                                 [1] * (rank - axis - 1), dtype=np.int64))
+        tiled = site.add(new, "Tile", [unsqueezed, repeats], f"{hint}_tiled")
+        merged_shape = site.add(new, "Concat", [
+            site.add(new, "Slice", [site.add(new, "Shape", [name], f"{hint}_shape"),
+                                    site.const("zero", np.array([0], np.int64)),
+                                    site.const("axis_end", np.array([axis], np.int64))],
+                     f"{hint}_before"),
+            site.const("merged", np.array([-1], np.int64)),
+            site.add(new, "Slice", [site.add(new, "Shape", [name], f"{hint}_shape2"),
+                                    site.const("after_axis", np.array([axis + 1], np.int64)),
+                                    site.const("end", np.array([rank], np.int64))],
+                     f"{hint}_after")], f"{hint}_merged_shape", axis=0)
+        merged = site.add(new, "Reshape", [tiled, merged_shape], f"{hint}_merged")
+        length = site.add(new, "Slice", [site.add(new, "Shape", [node.input[0]], "x_shape"),
+                                         site.const("axis_at", np.array([axis], np.int64)),
+                                         site.const("axis_next", np.array([axis + 1],
+                                                                          np.int64))],
+                          "length")
+        return site.add(new, "Slice", [merged, site.const("start", np.array([0], np.int64)),
+                                       length, site.const("cut_axis", np.array([axis],
+                                                                               np.int64))],
+                        f"{hint}_cut")
+
+    scale = along(node.input[1], "scale")
+    float_scale = site.elem_type(node.input[1]) == TensorProto.FLOAT
+    if not float_scale:
+        raise CannotSay(f"{node.op_type} with a non-float32 scale is defined from opset 19",
+                        19)
+    if node.op_type == "DequantizeLinear":
+        x = site.add(new, "Cast", [node.input[0]], "x_float", to=TensorProto.FLOAT)
+        if zero:
+            x = site.add(new, "Sub", [x, site.add(new, "Cast", [along(zero, "zp")],
+                                                  "zp_float", to=TensorProto.FLOAT)],
+                         "centered")
+        new.append(helper.make_node("Mul", [x, scale], [node.output[0]],
+                                    name=node.name or site.fresh(f"{site.label}/dequantized")))
+    else:
+        out_type = site.elem_type(zero) if zero else \
+            (site.attr("output_dtype", 0) or TensorProto.UINT8)
+        if out_type not in _QUANT_RANGES:
+            raise CannotSay(f"QuantizeLinear to {_type_name(out_type or 0)} is defined from "
+                            f"opset {since}", since)
+        low, high = _QUANT_RANGES[out_type]
+        if site.elem_type(node.input[0]) != TensorProto.FLOAT:
+            raise CannotSay("QuantizeLinear of a non-float32 input in this form is defined "
+                            "from opset 19", 19)
+        q = site.add(new, "Round", [site.add(new, "Div", [node.input[0], scale], "scaled")],
+                     "rounded")
+        if zero:
+            q = site.add(new, "Add", [q, site.add(new, "Cast", [along(zero, "zp")],
+                                                  "zp_float", to=TensorProto.FLOAT)],
+                         "shifted")
+        q = site.add(new, "Clip", [q, site.const("low", np.array(low, np.float32)),
+                                   site.const("high", np.array(high, np.float32))], "clipped")
+        new.append(helper.make_node("Cast", [q], [node.output[0]], to=out_type,
+                                    name=node.name or site.fresh(f"{site.label}/quantized")))
+    site.replacement = new
 
 
 def _quantize_19(site: Site) -> None:
@@ -1442,12 +1551,16 @@ def _quantize_19(site: Site) -> None:
 
 
 def _quantize_21(site: Site) -> None:
-    """block_size and output_dtype must be absent (refused otherwise)."""
-    if site.attr("block_size", 0):
-        raise CannotSay(f"{site.node.op_type} with block_size is defined from opset 21", 21)
-    output_dtype = site.attr("output_dtype", 0)
-    if output_dtype:
-        raise CannotSay(f"{site.node.op_type} with output_dtype is defined from opset 21", 21)
+    """block_size, output_dtype and the 16-bit types go to the arithmetic form (below);
+    otherwise both attributes are dropped."""
+    types = {site.elem_type(site.input(2)), site.elem_type(site.node.input[0]),
+             site.attr("output_dtype", 0)}
+    if site.attr("block_size", 0) or types & {TensorProto.INT16, TensorProto.UINT16}:
+        _quantize_arithmetic(site, 21)
+        return
+    if site.attr("output_dtype", 0) not in (0, TensorProto.UINT8) and not site.input(2):
+        _quantize_arithmetic(site, 21)
+        return
     site.drop_attr("block_size", "output_dtype")
 
 
@@ -1477,7 +1590,10 @@ def _dft_20(site: Site) -> None:
 
 def _grid_sample_20(site: Site) -> None:
     """GridSample-20 names its modes linear/cubic and takes N-D input; GridSample-16 says
-    bilinear/bicubic, 4-D only."""
+    bilinear/bicubic, 4-D only. Below 16 the GridSample pattern takes either spelling
+    and 5-D input, so the node is left as it is."""
+    if site.target < 16:
+        return
     rank = site.rank(site.node.input[0])
     if rank is not None and rank != 4:
         raise CannotSay(f"GridSample on a {rank}-D input is defined from opset 20", 20)

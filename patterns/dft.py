@@ -1,0 +1,176 @@
+"""DFT (ONNX opset 17) as two MatMuls with constant cosine and sine tables, for targets below
+17.
+
+Matches ``DFT(input[, dft_length]; axis:int=1, inverse:int=0, onesided:int=0)`` (DFT-17's
+signature; ``--target-opset`` brings a DFT-20 node, whose axis is an input, to it first) in
+any custom domain, and in the default domain below opset 17. Semantics are ONNX's: input
+``[batch, ..., n, ..., 1 | 2]`` (real, or complex as (re, im)), the transform along
+``axis`` (counted over the whole input; the last dim is the complex one), over
+``N = dft_length`` points (the signal cut to N, or padded with zeros), ``X_k =
+sum_j x_j exp(-2 pi i j k / N)``; ``inverse`` takes ``exp(+...)`` and divides by N;
+``onesided`` keeps the first ``N // 2 + 1`` bins (of a complex input too, as ONNX's
+reference). Output ``[..., K, ..., 2]``.
+
+Before -> after::
+
+    x:   move the axis last but one, then re = x[..., 0], im = x[..., 1] (if complex)
+    X_re = re @ C (-/+) im @ S      C[j, k] = cos(2 pi j k / N), S[j, k] = sin(...)
+    X_im = im @ C (+/-) re @ S      j < min(n, N) (zero padding adds nothing)
+    inverse: / N;  then (X_re, X_im) stacked last and the axis moved back
+
+The tables are computed in float64 and stored in the input's type; the sums are MatMuls in
+that type (an FFT sums in another order: results agree to float rounding of the same sums,
+not bit for bit). Cost is O(n * K) per transform against the FFT's O(n log n): fine for the
+frame sizes of audio front ends (STFT frames of 256-2048 points), slower for long signals.
+
+Envelope: opsets 11+; float32/float64 (float16 in float32); the input's rank and its length
+along the axis static; ``dft_length`` absent or a constant.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import Example, F, i64
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    rank: int
+    axis: int  # non-negative, over the whole input
+    length: int  # of the signal along the axis
+    points: int  # N
+    complex_input: bool
+    inverse: bool
+    onesided: bool
+
+
+def dft_tables(length: int, points: int, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of 2 pi j k / N for j < min(length, N), k < bins, in float64."""
+    used = min(length, points)
+    angle = 2.0 * np.pi * np.outer(np.arange(used), np.arange(bins)) / points
+    return np.cos(angle), np.sin(angle)
+
+
+class DFT(Pattern[Facts]):
+    op_type = "DFT"
+    forms = (Form("DFT", inputs=(In("input"), In("dft_length", optional=True)), attributes={
+        "axis": Attr("int", default=1),
+        "inverse": Attr("int", default=0, choices=(0, 1)),
+        "onesided": Attr("int", default=0, choices=(0, 1))}),)
+    examples = (
+        Example((("x", F, ("N", 8, 1)),), domains=(("", 13), ("custom.ops", 17))),
+        Example((("x", F, ("N", 6, 2)),), attrs={"inverse": 1},
+                args=("x", i64(8)), domains=(("", 11),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        x = node.tensor("input")
+        elem_type = require_type(ctx, x, "input", _TYPES)
+        shape = require_shape(ctx, x, "input", "the axis and the complex dim", min_rank=3)
+        rank = len(shape)
+        if shape[-1] not in (1, 2):
+            raise Reject(f"the last dim of the input must be 1 (real) or 2 (complex), got "
+                         f"{shape[-1]}")
+        axis = int(node.args["axis"])
+        if not -rank <= axis < rank - 1 or axis % rank == 0:
+            raise Reject(f"axis {axis} must name a signal dim (not the batch or the "
+                         f"complex dim) of the rank-{rank} input")
+        axis %= rank
+        length = shape[axis]
+        if not isinstance(length, int):
+            raise Reject(f"the signal length along axis {axis} must be static (the tables "
+                         "are constants)")
+        points = length
+        if node.tensor("dft_length"):
+            value = ctx.constant(node.tensor("dft_length"))
+            if value is None or value.size != 1:
+                raise Reject("dft_length must be a constant scalar")
+            points = int(value.reshape(()))
+            if points < 1:
+                raise Reject(f"dft_length must be positive, got {points}")
+        complex_input = shape[-1] == 2
+        onesided = bool(node.args["onesided"])
+        return Facts(elem_type, rank, axis, length, points, complex_input,
+                     bool(node.args["inverse"]), onesided)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        original = numpy_dtype(facts.elem_type)
+        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
+        x: Value = b.input(node.tensor("input"), original)
+        if dtype != original:
+            x = b.Cast(x, dtype, hint="x_f32")
+        rank, axis = facts.rank, facts.axis
+        # the signal axis goes last but one, next to the complex dim
+        order = [a for a in range(rank - 1) if a != axis] + [axis, rank - 1]
+        moved = order != list(range(rank))
+        if moved:
+            x = b.Transpose(x, order, hint="signal_last")
+        used = min(facts.length, facts.points)
+        if used < facts.length:
+            x = b.Slice(x, [0], [used], [rank - 2], hint="cut")
+        bins = facts.points // 2 + 1 if facts.onesided else facts.points
+        cos, sin = dft_tables(facts.length, facts.points, bins)
+        cos_t = b.const(cos.astype(dtype), hint="cos_table")
+        sin_t = b.const(sin.astype(dtype), hint="sin_table")
+        real = b.Gather(x, 0, axis=rank - 1, hint="real")
+        sign = 1.0 if facts.inverse else -1.0  # of exp(sign * i * angle)
+        # (re + i im)(cos + i sign sin) = (re cos - sign im sin) + i (im cos + sign re sin)
+        re = b.MatMul(real, cos_t, hint="re_cos")
+        im = b.MatMul(real, sin_t, hint="re_sin")
+        im = b.Mul(im, np.asarray(sign, dtype), hint="im_from_re") if sign < 0 else im
+        if facts.complex_input:
+            imag = b.Gather(x, 1, axis=rank - 1, hint="imag")
+            im_sin = b.MatMul(imag, sin_t, hint="im_sin")
+            re = b.Add(re, im_sin, hint="re") if sign < 0 else b.Sub(re, im_sin, hint="re")
+            im = b.Add(im, b.MatMul(imag, cos_t, hint="im_cos"), hint="im")
+        if facts.inverse:
+            re = b.Div(re, np.asarray(facts.points, dtype), hint="re_scaled")
+            im = b.Div(im, np.asarray(facts.points, dtype), hint="im_scaled")
+        stacked = b.Concat(b.Unsqueeze(re, [rank - 1], hint="re_last"),
+                           b.Unsqueeze(im, [rank - 1], hint="im_last"), axis=rank - 1,
+                           hint="stacked")
+        back = [order.index(a) for a in range(rank)]
+        last = not moved and dtype == original
+        result = stacked if not moved else b.Transpose(
+            stacked, back, hint="signal_back", out=node.outputs[0] if dtype == original
+            else None)
+        if dtype != original:
+            b.Cast(result, original, hint="result", out=node.outputs[0])
+        elif last:
+            b.op("Identity", result, hint="result", out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        shape = list(ctx.shape(node.tensor("input")) or [])
+        if shape:
+            shape[facts.axis] = facts.points // 2 + 1 if facts.onesided else facts.points
+            shape[-1] = 2
+        return [(facts.elem_type, shape or None)]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, length = tensors["input"], tensors.get("dft_length")
+        assert x is not None
+        axis = int(args["axis"]) % x.ndim
+        signal = x[..., 0] + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
+        points = signal.shape[axis] if length is None else int(np.asarray(length).reshape(()))
+        if args["inverse"]:
+            result = np.fft.ifft(signal, n=points, axis=axis)
+        else:
+            result = np.fft.fft(signal, n=points, axis=axis)
+        if args["onesided"]:
+            result = np.take(result, range(points // 2 + 1), axis=axis)
+        return [np.stack([result.real, result.imag], -1).astype(x.dtype)]
+
+
+PATTERNS = [DFT()]
