@@ -8,8 +8,9 @@ any custom domain, and in the default domain below opset 17. Semantics are ONNX'
 ``axis`` (counted over the whole input; the last dim is the complex one), over
 ``N = dft_length`` points (the signal cut to N, or padded with zeros), ``X_k =
 sum_j x_j exp(-2 pi i j k / N)``; ``inverse`` takes ``exp(+...)`` and divides by N;
-``onesided`` keeps the first ``N // 2 + 1`` bins (of a complex input too, as ONNX's
-reference). Output ``[..., K, ..., 2]``.
+``onesided`` keeps the first ``N // 2 + 1`` bins of a forward transform (of a complex
+input too, as ONNX's reference). Output ``[..., K, ..., 2]``. The one-sided inverse (irfft:
+a half spectrum in, the Hermitian-completed signal out) is refused.
 
 Before -> after::
 
@@ -100,6 +101,11 @@ class DFT(Pattern[Facts]):
                 raise Reject(f"dft_length must be positive, got {points}")
         complex_input = shape[-1] == 2
         onesided = bool(node.args["onesided"])
+        if onesided and node.args["inverse"]:
+            # ONNX's irfft: the input holds the one-sided half and the output the whole
+            # Hermitian-completed signal; not written here yet
+            raise Reject("inverse with onesided (the one-sided inverse, irfft) is not "
+                         "supported; target opset 17 or newer keeps DFT")
         return Facts(elem_type, rank, axis, length, points, complex_input,
                      bool(node.args["inverse"]), onesided)
 
