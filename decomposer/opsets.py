@@ -181,7 +181,8 @@ class _Facts:
             shape = self.shapes.get(node.input[0])
             if shape is None or not all(isinstance(d, int) for d in shape):
                 return None
-            return np.array(int(np.prod(shape)), dtype=np.int64)
+            return np.array(int(np.prod([int(d) for d in shape if d is not None])),
+                            dtype=np.int64)
         values = []
         for input_name in node.input:
             value = self.constant(input_name) if input_name else None
@@ -200,9 +201,10 @@ class _Facts:
         single.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
         model = helper.make_model(helper.make_graph(
             [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output if o],
-            graph_inputs), opset_imports=[helper.make_opsetid("", self.producer_opsets.get(name, self.opset) or 11)])
+            graph_inputs), opset_imports=[helper.make_opsetid(
+                "", self.producer_opsets.get(name, self.opset) or 11)])
         try:
-            outputs = ReferenceEvaluator(model).run(None, {})
+            outputs = list(ReferenceEvaluator(model).run(None, {}))
         except Exception:  # noqa: BLE001 - then it is not folded
             return None
         index = list(node.output).index(name)
@@ -286,7 +288,8 @@ class Site:
     def const(self, hint: str, value: np.ndarray) -> str:
         name = self.fresh(f"{self.label}/{hint}")
         self.before.append(helper.make_node("Constant", [], [name], name=name,
-                                            value=numpy_helper.from_array(value, name)))
+                                            value=numpy_helper.from_array(
+                                                np.asarray(value), name)))
         return name
 
     def add(self, where: list[onnx.NodeProto], op_type: str, inputs: list[str],
@@ -637,7 +640,7 @@ def _fold_body(holder: onnx.GraphProto, facts: _Facts) -> None:
     """A function body's Shape/Size/Range chains over static shapes become Constants:
     the body computes sizes at run time for every context, and some engines (TVM) cannot
     take a Size of a shape."""
-    folded = []
+    folded: list[onnx.NodeProto] = []
     for node in holder.node:
         outputs = [name for name in node.output if name]
         values = [facts.constant(name) for name in outputs] \
@@ -645,7 +648,8 @@ def _fold_body(holder: onnx.GraphProto, facts: _Facts) -> None:
         if values and all(v is not None for v in values):
             folded.extend(helper.make_node("Constant", [], [name], name=f"{node.name}_{i}"
                                            if i else node.name,
-                                           value=numpy_helper.from_array(value, name))
+                                           value=numpy_helper.from_array(
+                                               np.asarray(value), name))
                           for i, (name, value) in enumerate(zip(outputs, values,
                                                                 strict=True)))
         else:
@@ -1140,8 +1144,8 @@ def _split_num_outputs(site: Site) -> None:
         site.node.input.append(sizes)
         return
     chunk = -(-length // count)
-    sizes = [max(0, min(chunk, length - i * chunk)) for i in range(count)]
-    site.node.input.append(site.const("split", np.array(sizes, dtype=np.int64)))
+    parts = [max(0, min(chunk, length - i * chunk)) for i in range(count)]
+    site.node.input.append(site.const("split", np.array(parts, dtype=np.int64)))
 
 
 def _pad_axes(site: Site) -> None:
@@ -1271,8 +1275,7 @@ def _resize_18(site: Site) -> None:
         raise CannotSay("Resize-18 resizes only the axes given, and before 18 scales or "
                         "sizes cover every axis: the rank must be known", 18)
     axes = [a % rank for a in axes]
-    for position, fill, dtype in ((1, (0.0, 1.0), np.float32), (2, 1.0, np.float32),
-                                  (3, None, np.int64)):
+    for position in (1, 2, 3):  # roi, scales, sizes
         name = site.input(position)
         if not name:
             continue
@@ -1305,7 +1308,6 @@ def _resize_18(site: Site) -> None:
             full = np.array(shape, dtype=np.int64)
             full[axes] = value
         site.node.input[position] = site.const(f"full{position}", full)
-    del fill, dtype
 
 
 def _resize_19(site: Site) -> None:
@@ -1335,6 +1337,7 @@ def _constant_12(site: Site) -> None:
         if name == "value":
             return
         value = helper.get_attribute_value(attribute)
+        array: np.ndarray
         if name == "value_float":
             array = np.array(value, dtype=np.float32)
         elif name == "value_floats":
@@ -1433,8 +1436,9 @@ def _batch_normalization_15(site: Site) -> None:
                                                  f"as_x{position}", to=x_type)
 
 
-_QUANT_RANGES = {TensorProto.UINT8: (0.0, 255.0), TensorProto.INT8: (-128.0, 127.0),
-                 TensorProto.UINT16: (0.0, 65535.0), TensorProto.INT16: (-32768.0, 32767.0)}
+_QUANT_RANGES: dict[int, tuple[float, float]] = {
+    TensorProto.UINT8: (0.0, 255.0), TensorProto.INT8: (-128.0, 127.0),
+    TensorProto.UINT16: (0.0, 65535.0), TensorProto.INT16: (-32768.0, 32767.0)}
 
 
 def _quantize_13(site: Site) -> None:
@@ -1705,7 +1709,7 @@ def _select_last_index(site: Site) -> None:
     site.replacement = new
 
 
-_SIGNED_BITS = {TensorProto.INT8: 8, TensorProto.INT16: 16, TensorProto.INT32: 32,
+_SIGNED_BITS: dict[int, int] = {TensorProto.INT8: 8, TensorProto.INT16: 16, TensorProto.INT32: 32,
                 TensorProto.INT64: 64}
 
 

@@ -68,8 +68,8 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return bool(self.replaced or self.taken_down or self.removed_constants or self.dropped_opset_imports
-                    or self.dropped_value_info)
+        return bool(self.replaced or self.taken_down or self.removed_constants
+                    or self.dropped_opset_imports or self.dropped_value_info)
 
     def summary(self) -> str:
         """The CLI's one-line summary, e.g.

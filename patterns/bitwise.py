@@ -37,7 +37,7 @@ from decomposer.examples import I32, I64, Example
 from decomposer.forms import Form, In
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-_WIDTH = {TensorProto.INT8: 8, TensorProto.UINT8: 8, TensorProto.INT16: 16,
+_WIDTH: dict[int, int] = {TensorProto.INT8: 8, TensorProto.UINT8: 8, TensorProto.INT16: 16,
           TensorProto.UINT16: 16, TensorProto.INT32: 32, TensorProto.UINT32: 32,
           TensorProto.INT64: 64, TensorProto.UINT64: 64}
 _SIGNED = {TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64}

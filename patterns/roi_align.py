@@ -63,8 +63,8 @@ Before -> after::
     MMCVRoiAlign(X, rois; max g) ->  MaxPool_gxg(RoiAlign(...; avg, h*g x w*g, ratio 1))
     ROIAlign_TRT(X, rois, idx)   ->  RoiAlign(X, rois, int64(idx); ctm, mode)
 
-Envelope: opsets 11-21 (``ROIAlign_TRT`` ``half_pixel`` 16-21); X float16/32/64 (float16 computed in float32);
-R, N, H, W dynamic.
+Envelope: opsets 11-21 (``ROIAlign_TRT`` ``half_pixel`` 16-21); X float16/32/64 (float16
+computed in float32); R, N, H, W dynamic.
 """
 
 from __future__ import annotations
