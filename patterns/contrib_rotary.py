@@ -20,7 +20,10 @@ Before -> after (not interleaved)::
     RotaryEmbedding(x, pos, cos, sin)  ->  c, s = Gather(cos, pos), Gather(sin, pos)
         x1, x2 = Split(x[..., :r]);  Concat(x1 c - x2 s, x2 c + x1 s, x[..., r:])
 
-ONNX's own RotaryEmbedding (opset 23) is not emitted: ONNX Runtime and OpenVINO load it, TVM
+ONNX's own ``RotaryEmbedding(X, cos_cache, sin_cache[, position_ids]; interleaved,
+num_heads, rotary_embedding_dim)`` (opset 23) is matched too, in the default domain below 23
+(``--target-opset``): the same rotation, and without position_ids the caches are
+(B, S, r / 2) per row already. It is not emitted: ONNX Runtime and OpenVINO load it, TVM
 0.27 has no converter ("not supported for frontend ONNX: RotaryEmbedding", measured).
 
 Envelope: opsets 11+ (bfloat16 13+); float16/32 (computed in float32); the head size and r
@@ -76,11 +79,16 @@ class RotaryEmbedding(Pattern[Facts]):
             raise Reject("bfloat16 needs opset 13 or newer")
         for name in ("cos_cache", "sin_cache"):
             require_type(ctx, node.tensor(name), name, (elem_type,))
-        require_type(ctx, node.tensor("position_ids"), "position_ids", (TensorProto.INT64,))
+        if node.tensor("position_ids"):
+            require_type(ctx, node.tensor("position_ids"), "position_ids",
+                         (TensorProto.INT64,))
         shape = require_shape(ctx, node.tensor("input"), "input", "(B, S, H) or (B, N, S, h)",
                               3, 4)
         cache = require_shape(ctx, node.tensor("cos_cache"), "cos_cache",
-                              "(positions, rotary dim / 2)", 2, 2)
+                              "(positions, rotary dim / 2)", 2,
+                              2 if node.tensor("position_ids") else 3)
+        per_row = len(cache) == 3  # (B, S, r/2): ONNX's form without position_ids
+        cache = cache[-2:]
         heads, rotary = int(args["num_heads"]), int(args["rotary_embedding_dim"])
         if len(shape) == 4:
             head = shape[3]
@@ -100,6 +108,10 @@ class RotaryEmbedding(Pattern[Facts]):
         if isinstance(cache[1], int) and cache[1] != rotary // 2:
             raise Reject(f"the caches hold {cache[1]} values per position; rotating {rotary} "
                          f"dims takes {rotary // 2}")
+        if not node.tensor("position_ids"):  # ONNX's form: caches per (batch, position)
+            if not per_row:
+                raise Reject("without position_ids the caches must be (B, S, rotary dim / 2)")
+            return Facts(elem_type, len(shape), head, rotary, False)
         ids = require_shape(ctx, node.tensor("position_ids"), "position_ids", "(B, S) or (1,)",
                             1, 2)
         if len(ids) == 1 and ids[0] != 1:
@@ -108,7 +120,6 @@ class RotaryEmbedding(Pattern[Facts]):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         compute = ComputeType(b, node, facts.elem_type)
-        narrow, original = compute.narrow, compute.original
 
         def read(name: str) -> Value:
             value = compute.read(name)
@@ -116,7 +127,7 @@ class RotaryEmbedding(Pattern[Facts]):
             return value
 
         x = read("input")
-        rotary, head = facts.rotary, facts.head
+        head = facts.head
         if facts.rank == 3:  # (B, S, H) -> (B, S, N, h)
             heads_shape = b.Concat(b.Shape(x, 0, 2, hint="batch_sequence"),
                                    np.array([-1, head], np.int64), axis=0, hint="heads_shape")
@@ -124,6 +135,12 @@ class RotaryEmbedding(Pattern[Facts]):
             sequence_axis = 1
         else:
             view, sequence_axis = x, 2
+        heads_axis = 2 if facts.rank == 3 else 1
+        if not node.tensor("position_ids"):  # (B, S, r/2) caches, per batch row already
+            cos = b.Unsqueeze(read("cos_cache"), [heads_axis], hint="cos_heads")
+            sin = b.Unsqueeze(read("sin_cache"), [heads_axis], hint="sin_heads")
+            self._finish(b, node, facts, compute, x, view, cos, sin)
+            return
         ids = b.input(node.tensor("position_ids"), np.int64)
         if facts.offset_positions:  # offset + 0 .. S-1, as a (1, S) row
             steps = positions(b, b.Shape(view, sequence_axis, sequence_axis + 1,
@@ -131,12 +148,17 @@ class RotaryEmbedding(Pattern[Facts]):
                               hint="steps")
             ids = b.Unsqueeze(b.Add(steps, ids, hint="positions"), [0], hint="position_row")
         # (B or 1, S, r/2), with a heads axis where the view has one
-        heads_axis = 2 if facts.rank == 3 else 1
         cos = b.Unsqueeze(b.Gather(read("cos_cache"), ids, axis=0, hint="cos"), [heads_axis],
                           hint="cos_heads")
         sin = b.Unsqueeze(b.Gather(read("sin_cache"), ids, axis=0, hint="sin"), [heads_axis],
                           hint="sin_heads")
-        result = rotate(b, view, cos, sin, rotary, head, bool(node.args["interleaved"]))
+        self._finish(b, node, facts, compute, x, view, cos, sin)
+
+    def _finish(self, b: Builder, node: MatchedNode, facts: Facts, compute: ComputeType,
+                x: Value, view: Value, cos: Value, sin: Value) -> None:
+        narrow, original = compute.narrow, compute.original
+        result = rotate(b, view, cos, sin, facts.rotary, facts.head,
+                        bool(node.args["interleaved"]))
         out = node.outputs[0]
         if facts.rank == 3:
             result = b.Reshape(result, b.Shape(x, hint="input_shape"), hint="merged",
@@ -153,9 +175,9 @@ class RotaryEmbedding(Pattern[Facts]):
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
                 ) -> list[np.ndarray]:
-        x, ids = tensors["input"], tensors["position_ids"]
+        x, ids = tensors["input"], tensors.get("position_ids")
         cos, sin = tensors["cos_cache"], tensors["sin_cache"]
-        assert x is not None and ids is not None and cos is not None and sin is not None
+        assert x is not None and cos is not None and sin is not None
         wide = x.astype(np.float64)
         if x.ndim == 3:
             heads = int(args["num_heads"])
@@ -166,10 +188,13 @@ class RotaryEmbedding(Pattern[Facts]):
         head = view.shape[-1]
         rotary = int(args["rotary_embedding_dim"]) or head
         sequence = view.shape[2]
-        if ids.ndim == 1:
-            ids = (ids[0] + np.arange(sequence))[None]
-        c = cos.astype(np.float64)[ids][:, None]
-        s = sin.astype(np.float64)[ids][:, None]
+        if ids is None:  # ONNX's form: (B, S, r/2) caches
+            c, s = cos.astype(np.float64)[:, None], sin.astype(np.float64)[:, None]
+        else:
+            if ids.ndim == 1:
+                ids = (ids[0] + np.arange(sequence))[None]
+            c = cos.astype(np.float64)[ids][:, None]
+            s = sin.astype(np.float64)[ids][:, None]
         y = rotate_numpy(view, c, s, rotary, bool(args["interleaved"]))
         if x.ndim == 3:
             y = y.transpose(0, 2, 1, 3).reshape(x.shape)
@@ -220,4 +245,28 @@ def rotate_numpy(view: np.ndarray, c: np.ndarray, s: np.ndarray, rotary: int,
     return np.concatenate([turned, view[..., rotary:]], -1)
 
 
-PATTERNS = [RotaryEmbedding()]
+class OnnxRotaryEmbedding(RotaryEmbedding):
+    """ONNX's RotaryEmbedding (opset 23) below 23: the same rotation, its inputs in ONNX's
+    order and position_ids optional."""
+
+    forms = (Form("RotaryEmbedding", domains=frozenset({""}),
+                  inputs=(In("input"), In("cos_cache"), In("sin_cache"),
+                          In("position_ids", optional=True)),
+                  attributes={"interleaved": Attr("int", default=0, choices=(0, 1)),
+                              "num_heads": Attr("int", default=0),
+                              "rotary_embedding_dim": Attr("int", default=0)}),)
+    examples = (
+        Example((("x", F, ("B", 2, "S", 8)), ("c", F, (32, 4)), ("s", F, (32, 4)),
+                 ("p", I64, ("B", "S"))), domains=(("", 17),)),
+    )
+
+    @property
+    def name(self) -> str:
+        return "RotaryEmbedding (ONNX)"
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        node.args.setdefault("scale", 1.0)
+        return super().check(node, ctx)
+
+
+PATTERNS = [RotaryEmbedding(), OnnxRotaryEmbedding()]

@@ -126,3 +126,16 @@ def portability_cases():
     return [{"id": "contrib RotaryEmbedding (3-D, Llama-style)", "model": model,
              "feeds": feeds, "expected": expected, "atol": 1e-5}]
 
+
+
+@pytest.mark.parametrize("target", [17, 13, 11])
+def test_onnx_rotary_embedding_below_23_against_the_backend_cases(target):
+    """ONNX's RotaryEmbedding-23 taken down (--target-opset): every one of ONNX's own
+    backend cases for it (its expected outputs are the oracle), on ONNX Runtime."""
+    import backend_opsets
+
+    names = [c.name for c in backend_opsets.cases() if c.name.startswith(
+        "test_rotary_embedding") and not c.name.endswith("_expanded")]
+    assert len(names) >= 8
+    results = backend_opsets.measure([target], names=names)
+    assert [r for r in results if r.status != "exact"] == []
