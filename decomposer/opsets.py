@@ -474,6 +474,11 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
         if norm_domain(node.domain) != "":
             rebuilt.append(node)
             continue
+        constants = _folded_new_op(node, source, target, facts)
+        if constants is not None:
+            rebuilt.extend(constants)
+            changed = True
+            continue
         body = _expansion(node, source, target, facts, fresh, has_pattern)
         if body is not None:
             nodes_of_body, version = body
@@ -512,6 +517,48 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
 
 
 # -- ops the target lacks, through ONNX's own function bodies ------------------------------
+
+_RANDOM = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike",
+                     "RandomUniform", "RandomUniformLike"})
+_NEW_OP_FOLD_LIMIT = 1 << 20  # elements: a mel filter bank or a window, not a weight
+
+
+def _folded_new_op(node: onnx.NodeProto, source: int, target: int, facts: _Facts
+                   ) -> list[onnx.NodeProto] | None:
+    """An op the target lacks whose inputs are all constants (a MelWeightMatrix or a window
+    of constant sizes) as Constant nodes of its outputs, computed by ONNX's reference
+    implementation; None otherwise."""
+    if _schema(node.op_type, target) is not None or node.op_type in _RANDOM or \
+            _schema(node.op_type, source) is None or any(subgraphs(node)):
+        return None
+    values = [facts.constants.get(name) for name in node.input if name]
+    if any(value is None for value in values):
+        return None
+    from onnx.reference import ReferenceEvaluator
+
+    single = onnx.NodeProto()
+    single.CopyFrom(node)
+    single.input[:] = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
+    single.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
+    inits = [numpy_helper.from_array(np.asarray(facts.constants[n]), f"in{i}")
+             for i, n in enumerate(node.input) if n]
+    model = helper.make_model(helper.make_graph(
+        [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output if o],
+        inits), opset_imports=[helper.make_opsetid("", source)])
+    try:
+        outputs = list(ReferenceEvaluator(model).run(None, {}))
+    except Exception:  # noqa: BLE001 - then the op is lowered otherwise
+        return None
+    written = [name for name in node.output if name]
+    arrays = [np.asarray(value) for value in outputs]
+    if sum(a.size for a in arrays) > _NEW_OP_FOLD_LIMIT:
+        return None
+    for name, array in zip(written, arrays, strict=False):
+        facts.constants[name] = array
+    return [helper.make_node("Constant", [], [name], name=node.name if i == 0 else
+                             f"{node.name}_{i}", value=numpy_helper.from_array(array, name))
+            for i, (name, array) in enumerate(zip(written, arrays, strict=False))]
+
 
 
 def _expansion(node: onnx.NodeProto, source: int, target: int, facts: _Facts,
