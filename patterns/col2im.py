@@ -1,0 +1,196 @@
+"""Col2Im (ONNX opset 18) as strided placement and Add of each kernel offset's patch, for
+targets below 18.
+
+Matches ``Col2Im(input, image_shape, block_shape; dilations, pads, strides)`` in any custom
+domain, and in the default domain below opset 18 (``--target-opset``). Semantics are ONNX's
+(its reference's ``col2im``): ``input`` is ``(N, C * prod(block_shape), L)``, the columns
+of every sliding block (``L`` blocks, the count per spatial dim ``b_i = (image_i +
+pad_begin_i + pad_end_i - dilation_i * (k_i - 1) - 1) // stride_i + 1``); each column is
+added back into a ``(N, C, *image_shape)`` image at its block's position, overlaps summed.
+
+Before -> after (k = block_shape, for each kernel offset j)::
+
+    x = Reshape(input, (N, C, k_1, .., k_d, b_1, .., b_d))
+    patch_j = x[:, :, j_1, .., j_d]                  # (N, C, b_1, .., b_d)
+    placed_j = Pad(stride-spaced patch_j, at j_i * dilation_i)   # the padded image's size
+    image = sum_j placed_j, then the pads cut off
+
+Every value is an input value or a sum of them; the zeros placed around a patch are added,
+never multiplied, so inf and NaN travel as in the reference. The sums run over kernel
+offsets in order.
+
+Envelope: opsets 11+; float16/32/64; 1-D to 3-D images; ``image_shape`` and ``block_shape``
+constants; the input's second dim static; N dynamic.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import Example, F, i64
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    image: tuple[int, ...]
+    kernel: tuple[int, ...]
+    blocks: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...]  # begins, then ends
+    strides: tuple[int, ...]
+    channels: int
+
+
+def block_counts(image: tuple[int, ...], kernel: tuple[int, ...], dilations: tuple[int, ...],
+                 pads: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...]:
+    d = len(image)
+    return tuple((image[i] + pads[i] + pads[d + i] - dilations[i] * (kernel[i] - 1) - 1)
+                 // strides[i] + 1 for i in range(d))
+
+
+class Col2Im(Pattern[Facts]):
+    op_type = "Col2Im"
+    forms = (Form("Col2Im", inputs=(In("input"), In("image_shape"), In("block_shape")),
+                  attributes={"dilations": Attr("ints", default=()),
+                              "pads": Attr("ints", default=()),
+                              "strides": Attr("ints", default=())}),)
+    examples = (
+        Example((("x", F, ("N", 4, 9)),), args=("x", i64([4, 4]), i64([2, 2])),
+                domains=(("", 17), ("custom.ops", 13))),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        elem_type = require_type(ctx, node.tensor("input"), "input", _TYPES)
+        shape = require_shape(ctx, node.tensor("input"), "input", "(N, C * K, L)", 3, 3)
+        image_value = ctx.constant(node.tensor("image_shape"))
+        kernel_value = ctx.constant(node.tensor("block_shape"))
+        if image_value is None or kernel_value is None:
+            raise Reject("image_shape and block_shape must be constants")
+        image = tuple(int(v) for v in image_value.reshape(-1))
+        kernel = tuple(int(v) for v in kernel_value.reshape(-1))
+        d = len(image)
+        if len(kernel) != d or not 1 <= d <= 3:
+            raise Reject(f"image_shape and block_shape must have the same length, 1 to 3, got "
+                         f"{len(image)} and {len(kernel)}")
+        dilations = tuple(node.args["dilations"]) or (1,) * d
+        pads = tuple(node.args["pads"]) or (0,) * (2 * d)
+        strides = tuple(node.args["strides"]) or (1,) * d
+        if len(dilations) != d or len(strides) != d or len(pads) != 2 * d:
+            raise Reject("dilations and strides need one value per spatial dim, pads two")
+        blocks = block_counts(image, kernel, dilations, pads, strides)
+        if min(blocks) < 1:
+            raise Reject(f"no block fits: {blocks} blocks per dim")
+        columns = shape[1]
+        total = int(np.prod(kernel))
+        if not isinstance(columns, int) or columns % total:
+            raise Reject(f"the input's second dim must be static and a multiple of "
+                         f"prod(block_shape) = {total}")
+        if isinstance(shape[2], int) and shape[2] != int(np.prod(blocks)):
+            raise Reject(f"the input holds {shape[2]} blocks; the image takes "
+                         f"{int(np.prod(blocks))}")
+        return Facts(elem_type, image, kernel, blocks, dilations, pads, strides,
+                     columns // total)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        original = numpy_dtype(facts.elem_type)
+        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
+        x: Value = b.input(node.tensor("input"), original)
+        if dtype != original:
+            x = b.Cast(x, dtype, hint="x_f32")
+        d = len(facts.image)
+        split = b.Reshape(x, np.array([0, facts.channels, *facts.kernel, *facts.blocks],
+                                      np.int64), hint="blocks")
+        padded = [facts.image[i] + facts.pads[i] + facts.pads[d + i] for i in range(d)]
+        total: Value | None = None
+        for offsets in itertools.product(*(range(k) for k in facts.kernel)):
+            label = "_".join(str(j) for j in offsets)
+            patch = split
+            for j in offsets:  # each Gather removes one kernel axis (the first left)
+                patch = b.Gather(patch, j, axis=2, hint=f"patch{label}")
+            pads = [0] * (2 * (d + 2))
+            for i in range(d):
+                axis = 2 + i
+                stride, count = facts.strides[i], facts.blocks[i]
+                if stride > 1:
+                    patch = _spread(b, patch, axis, d + 2, count, stride, dtype,
+                                    f"spread{label}_{i}")
+                length = (count - 1) * stride + 1
+                begin = offsets[i] * facts.dilations[i]
+                pads[axis], pads[d + 2 + axis] = begin, padded[i] - begin - length
+            placed = b.pad(patch, pads, 0, dtype, hint=f"placed{label}")
+            total = placed if total is None else b.Add(total, placed, hint=f"sum{label}")
+        assert total is not None
+        if any(facts.pads):
+            total = b.Slice(total, list(facts.pads[:d]),
+                            [facts.pads[i] + facts.image[i] for i in range(d)],
+                            list(range(2, 2 + d)), hint="unpadded")
+        if dtype != original:
+            b.Cast(total, original, hint="result", out=node.outputs[0])
+        else:
+            b.op("Identity", total, hint="result", out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        shape = ctx.shape(node.tensor("input"))
+        batch = shape[0] if shape else None
+        return [(facts.elem_type, [batch, facts.channels, *facts.image])]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, image, kernel = tensors["input"], tensors["image_shape"], tensors["block_shape"]
+        assert x is not None and image is not None and kernel is not None
+        return [col2im_reference(x, tuple(int(v) for v in image), tuple(int(v) for v in kernel),
+                                 tuple(args["dilations"]), tuple(args["pads"]),
+                                 tuple(args["strides"]))]
+
+
+def _spread(b: Builder, x: Value, axis: int, rank: int, count: int, stride: int,
+            dtype: np.dtype, hint: str) -> Value:
+    """``x`` with stride - 1 zeros after each element along ``axis`` (the last group cut):
+    (.., count, ..) -> (.., (count - 1) * stride + 1, ..)."""
+    pads = [0] * (2 * (rank + 1))
+    pads[rank + 1 + axis + 1] = stride - 1  # after the new unit axis
+    grouped = b.pad(b.Unsqueeze(x, [axis + 1], hint=f"{hint}_unit"), pads, 0, dtype,
+                    hint=f"{hint}_zeros")
+    shape = b.Concat(b.Shape(grouped, 0, axis, hint=f"{hint}_head"),
+                     np.array([count * stride], np.int64),
+                     b.Shape(grouped, axis + 2, rank + 1, hint=f"{hint}_tail"),
+                     axis=0, hint=f"{hint}_shape")
+    merged = b.Reshape(grouped, shape, hint=f"{hint}_merged")
+    return b.Slice(merged, [0], [(count - 1) * stride + 1], [axis], hint=hint)
+
+
+def col2im_reference(x: np.ndarray, image: tuple[int, ...], kernel: tuple[int, ...],
+                     dilations: tuple[int, ...], pads: tuple[int, ...],
+                     strides: tuple[int, ...]) -> np.ndarray:
+    """numpy Col2Im: every block's column added at its position (loops, for clarity)."""
+    d = len(image)
+    dilations = dilations or (1,) * d
+    pads = pads or (0,) * (2 * d)
+    strides = strides or (1,) * d
+    blocks = block_counts(image, kernel, dilations, pads, strides)
+    batch, columns, _ = x.shape
+    channels = columns // int(np.prod(kernel))
+    padded = [image[i] + pads[i] + pads[d + i] for i in range(d)]
+    out = np.zeros((batch, channels, *padded), dtype=np.float64)
+    cols = x.astype(np.float64).reshape(batch, channels, *kernel, *blocks)
+    for offsets in itertools.product(*(range(k) for k in kernel)):
+        for block in itertools.product(*(range(c) for c in blocks)):
+            where = tuple(block[i] * strides[i] + offsets[i] * dilations[i] for i in range(d))
+            out[(slice(None), slice(None), *where)] += cols[(slice(None), slice(None),
+                                                             *offsets, *block)]
+    cut = tuple(slice(pads[i], pads[i] + image[i]) for i in range(d))
+    return out[(slice(None), slice(None), *cut)].astype(x.dtype)
+
+
+PATTERNS = [Col2Im()]

@@ -1,0 +1,81 @@
+"""Col2Im below opset 18 against torch.nn.functional.fold (2-D, symmetric pads) and ONNX's
+reference evaluator (1-D to 3-D, asymmetric pads), through the kit and ``--target-opset``."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+import decomposer
+from decomposer.patterns.col2im import Col2Im, block_counts
+from decomposer.testing import Case, check_pattern, run_onnxruntime
+
+
+def _columns(rng, batch, channels, image, kernel, dilations, pads, strides):
+    blocks = block_counts(image, kernel, dilations, pads, strides)
+    return rng.standard_normal((batch, channels * int(np.prod(kernel)),
+                                int(np.prod(blocks)))).astype(np.float32)
+
+
+@pytest.mark.parametrize("kernel, dilations, pad, strides", [
+    ((3, 3), (1, 1), 0, (1, 1)), ((2, 3), (2, 1), 1, (1, 2)), ((3, 2), (1, 1), 2, (2, 3))])
+def test_2d_against_torch_fold(kernel, dilations, pad, strides):
+    rng = np.random.default_rng(sum(kernel) + pad)
+    image = (7, 9)
+    pads = (pad, pad, pad, pad)
+    x = _columns(rng, 2, 3, image, kernel, dilations, pads, strides)
+    more = _columns(rng, 1, 3, image, kernel, dilations, pads, strides)
+
+    def oracle(columns, image_shape, block_shape, dilations=(), pads=(), strides=()):
+        return F.fold(torch.from_numpy(columns), tuple(int(v) for v in image_shape),
+                      tuple(int(v) for v in block_shape), dilation=tuple(dilations) or 1,
+                      padding=pads[0] if pads else 0, stride=tuple(strides) or 1).numpy()
+
+    cases = [Case([x, np.array(image, np.int64), np.array(kernel, np.int64)],
+                  {"dilations": list(dilations), "pads": list(pads), "strides": list(strides)},
+                  constant_inputs=[1, 2], symbolic={0: (0,)}, more_inputs=[[more, np.array(image, np.int64), np.array(kernel, np.int64)]],
+                  output_rank=4)]
+    check_pattern(Col2Im(), cases, opsets=[11, 13, 17], domain="", oracle=oracle,
+                  atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("image, kernel, dilations, pads, strides", [
+    ((10,), (3,), (2,), (1, 0), (2,)),
+    ((5, 4, 6), (2, 2, 3), (1, 1, 1), (0, 1, 0, 1, 0, 2), (1, 2, 1)),
+    ((6, 5), (2, 2), (1, 2), (1, 0, 0, 2), (1, 1)),
+])
+def test_against_onnx_reference(image, kernel, dilations, pads, strides):
+    rng = np.random.default_rng(len(image))
+    x = _columns(rng, 2, 2, image, kernel, dilations, pads, strides)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", *x.shape[1:]])]
+    initializers = [helper.make_tensor("image", TensorProto.INT64, [len(image)], image),
+                    helper.make_tensor("block", TensorProto.INT64, [len(kernel)], kernel)]
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="col2im",
+                            dilations=list(dilations), pads=list(pads), strides=list(strides))
+    graph = helper.make_graph([node], "g", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, ["n", 2, *image])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    want = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    for target in (17, 11):
+        out, report = decomposer.decompose_with_report(model, target_opset=target)
+        onnx.checker.check_model(out, full_check=True)
+        assert report.counts == {"Col2Im": 1}
+        (got,) = run_onnxruntime(out, {"x": x})
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_run_time_image_shape_is_refused():
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9]),
+              helper.make_tensor_value_info("image", TensorProto.INT64, [2])]
+    graph = helper.make_graph(
+        [helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="col2im")], "g",
+        inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor("block", TensorProto.INT64, [2], [2, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="must be constants"):
+        decomposer.decompose(model, target_opset=17)
