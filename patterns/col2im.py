@@ -187,8 +187,9 @@ def col2im_reference(x: np.ndarray, image: tuple[int, ...], kernel: tuple[int, .
     for offsets in itertools.product(*(range(k) for k in kernel)):
         for block in itertools.product(*(range(c) for c in blocks)):
             where = tuple(block[i] * strides[i] + offsets[i] * dilations[i] for i in range(d))
-            out[(slice(None), slice(None), *where)] += cols[(slice(None), slice(None),
-                                                             *offsets, *block)]
+            target: Any = (slice(None), slice(None), *where)
+            source: Any = (slice(None), slice(None), *offsets, *block)
+            out[target] += cols[source]
     cut = tuple(slice(pads[i], pads[i] + image[i]) for i in range(d))
     return out[(slice(None), slice(None), *cut)].astype(x.dtype)
 

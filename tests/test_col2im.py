@@ -36,9 +36,10 @@ def test_2d_against_torch_fold(kernel, dilations, pad, strides):
                       tuple(int(v) for v in block_shape), dilation=tuple(dilations) or 1,
                       padding=pads[0] if pads else 0, stride=tuple(strides) or 1).numpy()
 
-    cases = [Case([x, np.array(image, np.int64), np.array(kernel, np.int64)],
+    constants = [np.array(image, np.int64), np.array(kernel, np.int64)]
+    cases = [Case([x, *constants],
                   {"dilations": list(dilations), "pads": list(pads), "strides": list(strides)},
-                  constant_inputs=[1, 2], symbolic={0: (0,)}, more_inputs=[[more, np.array(image, np.int64), np.array(kernel, np.int64)]],
+                  constant_inputs=[1, 2], symbolic={0: (0,)}, more_inputs=[[more, *constants]],
                   output_rank=4)]
     check_pattern(Col2Im(), cases, opsets=[11, 13, 17], domain="", oracle=oracle,
                   atol=1e-5, rtol=1e-5)
