@@ -1,5 +1,12 @@
-"""DFT (ONNX opset 17) as two MatMuls with constant cosine and sine tables, for targets below
-17.
+"""DFT and STFT (ONNX opset 17) as MatMuls with constant cosine and sine tables, for targets
+below 17.
+
+STFT(signal, frame_step[, window][, frame_length]; onesided=1) is the DFT below applied to
+frames gathered from the signal (one constant index table) and multiplied by the window:
+signal (batch, n, 1 | 2) -> (batch, frames, bins, 2), ``frames = (n - frame_length) //
+frame_step + 1``; the signal's length, the step and the frame length (or the window's)
+static.
+
 
 Matches ``DFT(input[, dft_length]; axis:int=1, inverse:int=0, onesided:int=0)`` (DFT-17's
 signature; ``--target-opset`` brings a DFT-20 node, whose axis is an input, to it first) in
@@ -60,6 +67,33 @@ def dft_tables(length: int, points: int, bins: int) -> tuple[np.ndarray, np.ndar
     used = min(length, points)
     angle = 2.0 * np.pi * np.outer(np.arange(used), np.arange(bins)) / points
     return np.cos(angle), np.sin(angle)
+
+
+def transform_last(b: Builder, x: Value, rank: int, length: int, points: int, bins: int,
+                   complex_input: bool, inverse: bool, dtype: np.dtype) -> Value:
+    """The DFT of ``x`` (..., length, 1 | 2) along its last but one axis over ``points``
+    points, the first ``bins`` bins, as (..., bins, 2): the MatMuls of the module
+    docstring. Shared by DFT and STFT."""
+    cos, sin = dft_tables(length, points, bins)
+    cos_t = b.const(cos.astype(dtype), hint="cos_table")
+    sin_t = b.const(sin.astype(dtype), hint="sin_table")
+    real = b.Gather(x, 0, axis=rank - 1, hint="real")
+    sign = 1.0 if inverse else -1.0  # of exp(sign * i * angle)
+    # (re + i im)(cos + i sign sin) = (re cos - sign im sin) + i (im cos + sign re sin)
+    re = b.MatMul(real, cos_t, hint="re_cos")
+    im = b.MatMul(real, sin_t, hint="re_sin")
+    im = b.Mul(im, np.asarray(sign, dtype), hint="im_from_re") if sign < 0 else im
+    if complex_input:
+        imag = b.Gather(x, 1, axis=rank - 1, hint="imag")
+        im_sin = b.MatMul(imag, sin_t, hint="im_sin")
+        re = b.Add(re, im_sin, hint="re") if sign < 0 else b.Sub(re, im_sin, hint="re")
+        im = b.Add(im, b.MatMul(imag, cos_t, hint="im_cos"), hint="im")
+    if inverse:
+        re = b.Div(re, np.asarray(points, dtype), hint="re_scaled")
+        im = b.Div(im, np.asarray(points, dtype), hint="im_scaled")
+    return b.Concat(b.Unsqueeze(re, [rank - 1], hint="re_last"),
+                    b.Unsqueeze(im, [rank - 1], hint="im_last"), axis=rank - 1,
+                    hint="stacked")
 
 
 class DFT(Pattern[Facts]):
@@ -125,26 +159,8 @@ class DFT(Pattern[Facts]):
         if used < facts.length:
             x = b.Slice(x, [0], [used], [rank - 2], hint="cut")
         bins = facts.points // 2 + 1 if facts.onesided else facts.points
-        cos, sin = dft_tables(facts.length, facts.points, bins)
-        cos_t = b.const(cos.astype(dtype), hint="cos_table")
-        sin_t = b.const(sin.astype(dtype), hint="sin_table")
-        real = b.Gather(x, 0, axis=rank - 1, hint="real")
-        sign = 1.0 if facts.inverse else -1.0  # of exp(sign * i * angle)
-        # (re + i im)(cos + i sign sin) = (re cos - sign im sin) + i (im cos + sign re sin)
-        re = b.MatMul(real, cos_t, hint="re_cos")
-        im = b.MatMul(real, sin_t, hint="re_sin")
-        im = b.Mul(im, np.asarray(sign, dtype), hint="im_from_re") if sign < 0 else im
-        if facts.complex_input:
-            imag = b.Gather(x, 1, axis=rank - 1, hint="imag")
-            im_sin = b.MatMul(imag, sin_t, hint="im_sin")
-            re = b.Add(re, im_sin, hint="re") if sign < 0 else b.Sub(re, im_sin, hint="re")
-            im = b.Add(im, b.MatMul(imag, cos_t, hint="im_cos"), hint="im")
-        if facts.inverse:
-            re = b.Div(re, np.asarray(facts.points, dtype), hint="re_scaled")
-            im = b.Div(im, np.asarray(facts.points, dtype), hint="im_scaled")
-        stacked = b.Concat(b.Unsqueeze(re, [rank - 1], hint="re_last"),
-                           b.Unsqueeze(im, [rank - 1], hint="im_last"), axis=rank - 1,
-                           hint="stacked")
+        stacked = transform_last(b, x, rank, used, facts.points, bins, facts.complex_input,
+                                 facts.inverse, dtype)
         back = [order.index(a) for a in range(rank)]
         last = not moved and dtype == original
         result = stacked if not moved else b.Transpose(
@@ -179,4 +195,108 @@ class DFT(Pattern[Facts]):
         return [np.stack([result.real, result.imag], -1).astype(x.dtype)]
 
 
-PATTERNS = [DFT()]
+class STFTFacts(NamedTuple):
+    elem_type: int
+    length: int  # of the signal
+    step: int
+    frame: int  # frame length
+    frames: int
+    complex_input: bool
+    onesided: bool
+
+
+class STFT(Pattern[STFTFacts]):
+    """STFT (opset 17): frames gathered from the signal, windowed, and the DFT above."""
+
+    op_type = "STFT"
+    forms = (Form("STFT", inputs=(In("signal"), In("frame_step"), In("window", optional=True),
+                                  In("frame_length", optional=True)), attributes={
+        "onesided": Attr("int", default=1, choices=(0, 1))}),)
+    examples = (
+        Example((("x", F, ("N", 32, 1)), ("w", F, (8,))), args=("x", i64(4), "w", ""),
+                domains=(("", 13),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> STFTFacts:
+        signal = node.tensor("signal")
+        elem_type = require_type(ctx, signal, "signal", _TYPES)
+        shape = require_shape(ctx, signal, "signal", "(batch, length, 1 | 2)", 3, 3)
+        length = shape[1]
+        if not isinstance(length, int) or shape[2] not in (1, 2):
+            raise Reject("the signal must be (batch, static length, 1 or 2)")
+        step_value = ctx.constant(node.tensor("frame_step"))
+        if step_value is None or step_value.size != 1 or int(step_value.reshape(())) < 1:
+            raise Reject("frame_step must be a positive constant")
+        frame = None
+        if node.tensor("frame_length"):
+            value = ctx.constant(node.tensor("frame_length"))
+            if value is None or value.size != 1:
+                raise Reject("frame_length must be a constant")
+            frame = int(value.reshape(()))
+        if node.tensor("window"):
+            window = ctx.shape(node.tensor("window"))
+            if window is None or len(window) != 1 or not isinstance(window[0], int):
+                raise Reject("the window's length must be static")
+            if frame is not None and frame != window[0]:
+                raise Reject(f"the window has {window[0]} values, frame_length is {frame}")
+            frame = window[0]
+            require_type(ctx, node.tensor("window"), "window", (elem_type,))
+        if frame is None or not 1 <= frame <= length:
+            raise Reject("the frame length (frame_length or the window's) must be known and "
+                         "at most the signal's length")
+        step = int(step_value.reshape(()))
+        complex_input = shape[2] == 2
+        onesided = bool(node.args["onesided"])
+        if onesided and complex_input:
+            raise Reject("onesided takes a real signal")
+        return STFTFacts(elem_type, length, step, frame, (length - frame) // step + 1,
+                         complex_input, onesided)
+
+    def build(self, b: Builder, node: MatchedNode, facts: STFTFacts) -> None:
+        original = numpy_dtype(facts.elem_type)
+        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
+        x: Value = b.input(node.tensor("signal"), original)
+        if dtype != original:
+            x = b.Cast(x, dtype, hint="signal_f32")
+        starts = np.arange(facts.frames, dtype=np.int64)[:, None] * facts.step
+        index = starts + np.arange(facts.frame, dtype=np.int64)[None, :]
+        frames = b.Gather(x, b.const(index, hint="frame_index"), axis=1, hint="frames")
+        if node.tensor("window"):  # (frame,) along the frame's samples
+            window = b.input(node.tensor("window"), original)
+            if dtype != original:
+                window = b.Cast(window, dtype, hint="window_f32")
+            frames = b.Mul(frames, b.Unsqueeze(window, [1], hint="window_column"),
+                           hint="windowed")
+        bins = facts.frame // 2 + 1 if facts.onesided else facts.frame
+        result = transform_last(b, frames, 4, facts.frame, facts.frame, bins,
+                                facts.complex_input, False, dtype)
+        if dtype != original:
+            b.Cast(result, original, hint="result", out=node.outputs[0])
+        else:
+            b.op("Identity", result, hint="result", out=node.outputs[0])
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: STFTFacts
+                     ) -> list[OutputType]:
+        shape = ctx.shape(node.tensor("signal"))
+        bins = facts.frame // 2 + 1 if facts.onesided else facts.frame
+        return [(facts.elem_type, [shape[0] if shape else None, facts.frames, bins, 2])]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        x, step_value = tensors["signal"], tensors["frame_step"]
+        window, frame_value = tensors.get("window"), tensors.get("frame_length")
+        assert x is not None and step_value is not None
+        step = int(np.asarray(step_value).reshape(()))
+        frame = len(window) if window is not None else int(np.asarray(frame_value).reshape(()))
+        signal = x[..., 0] + (1j * x[..., 1] if x.shape[-1] == 2 else 0)
+        count = (signal.shape[1] - frame) // step + 1
+        frames = np.stack([signal[:, i * step:i * step + frame] for i in range(count)], 1)
+        if window is not None:
+            frames = frames * window
+        result = np.fft.fft(frames, axis=-1)
+        if args["onesided"]:
+            result = result[..., :frame // 2 + 1]
+        return [np.stack([result.real, result.imag], -1).astype(x.dtype)]
+
+
+PATTERNS = [DFT(), STFT()]
