@@ -745,7 +745,8 @@ def _learn_body(holder: onnx.GraphProto, facts: _Facts, version: int) -> None:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # noqa: BLE001 - inference is a help here
         inferred = model
-    facts.learn(inferred.graph)
+    for graph in all_graphs(inferred.graph):  # the body's own subgraphs (a Loop's) too
+        facts.learn(graph)
     for node in holder.node:
         for name in node.output:
             if name:
