@@ -65,7 +65,7 @@ class Col2Im(Pattern[Facts]):
                               "pads": Attr("ints", default=()),
                               "strides": Attr("ints", default=())}),)
     examples = (
-        Example((("x", F, ("N", 4, 9)),), args=("x", i64([4, 4]), i64([2, 2])),
+        Example((("x", F, ("N", 4, 9)),), ((F, 4),), args=("x", i64([4, 4]), i64([2, 2])),
                 domains=(("", 17), ("custom.ops", 13))),
     )
 

@@ -213,8 +213,8 @@ class STFT(Pattern[STFTFacts]):
                                   In("frame_length", optional=True)), attributes={
         "onesided": Attr("int", default=1, choices=(0, 1))}),)
     examples = (
-        Example((("x", F, ("N", 32, 1)), ("w", F, (8,))), args=("x", i64(4), "w", ""),
-                domains=(("", 13),)),
+        Example((("x", F, ("N", 32, 1)), ("w", F, (8,))), ((F, 4),),
+                args=("x", i64(4), "w"), domains=(("", 13),)),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> STFTFacts:

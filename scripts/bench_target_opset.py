@@ -30,7 +30,7 @@ Case = tuple[onnx.ModelProto, dict[str, np.ndarray]]
 
 def _single(op: str, opset: int, inputs: Sequence[tuple[str, int, list[int]]],
             outputs: Sequence[tuple[str, int]], initializers: Sequence[onnx.TensorProto] = (),
-            **attrs: object) -> onnx.ModelProto:
+            out_rank: int | None = None, **attrs: object) -> onnx.ModelProto:
     # The op feeds one more node, as in a model (ONNX Runtime fuses a decomposed subgraph
     # back into its kernel only where its result is not a graph output).
     node = helper.make_node(op, [name for name, *_ in inputs] +
@@ -40,8 +40,9 @@ def _single(op: str, opset: int, inputs: Sequence[tuple[str, int, list[int]]],
              for name, t in outputs]
     graph = helper.make_graph(
         [node, *after], op, [helper.make_tensor_value_info(n, t, s) for n, t, s in inputs],
-        # every op here keeps its first input's shape
-        [helper.make_tensor_value_info(n, t, inputs[0][2]) for n, t in outputs],
+        # the first input's shape, or dims left open for an op that changes it
+        [helper.make_tensor_value_info(n, t, inputs[0][2] if out_rank is None
+                                       else [None] * out_rank) for n, t in outputs],
         list(initializers))
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
@@ -89,6 +90,26 @@ def cases() -> dict[str, Case]:
         "RotaryEmbedding", 23, [("x", F, [2, 4, 128, 32]), ("cos", F, [128, 16]),
                                 ("sin", F, [128, 16]), ("pos", TensorProto.INT64, [2, 128])],
         [("y", F)]), {"x": rotary_in, "cos": cos, "sin": cos[::-1].copy(), "pos": positions})
+    signal = rng.standard_normal((4, 16000, 1)).astype(np.float32)
+    found["STFT"] = (_single("STFT", 17, [("x", F, [4, 16000, 1])], [("y", F)],
+                             [onnx.numpy_helper.from_array(np.array(160, np.int64), "step"),
+                              onnx.numpy_helper.from_array(np.hanning(400).astype(np.float32),
+                                                           "window")], out_rank=4),
+                     {"x": signal})
+    frames = rng.standard_normal((32, 512, 1)).astype(np.float32)
+    found["DFT"] = (_single("DFT", 17, [("x", F, [32, 512, 1])], [("y", F)], out_rank=3,
+                            onesided=1),
+                    {"x": frames})
+    columns = rng.standard_normal((2, 64 * 9, 54 * 54)).astype(np.float32)
+    found["Col2Im"] = (_single("Col2Im", 18, [("x", F, [2, 64 * 9, 54 * 54])], [("y", F)],
+                               [onnx.numpy_helper.from_array(np.array([56, 56], np.int64),
+                                                             "image"),
+                                onnx.numpy_helper.from_array(np.array([3, 3], np.int64),
+                                                             "block")], out_rank=4),
+                        {"x": columns})
+    found["CumProd"] = (_single("CumProd", 26, [("x", F, list(x.shape))], [("y", F)],
+                                [onnx.numpy_helper.from_array(np.array(1, np.int64), "axis")]),
+                        {"x": (1 + 0.01 * x).astype(np.float32)})
     return found
 
 
