@@ -163,7 +163,9 @@ class GridPriors(Pattern[Facts]):
 
 def _integer_scales(value: Any) -> list[int]:
     scales = [float(v) for v in value]
-    if len(scales) != 2 or any(s < 1 or s != int(s) for s in scales):
+    # (NaN fails s >= 1; inf is no integer: both are refused before int() sees them)
+    if len(scales) != 2 or any(not s >= 1 or s == float("inf") or s != int(s)
+                               for s in scales):
         raise Reject(f"{scales}: only integer scales >= 1, [h, w], are pinned (the plugin's "
                      "output size for a fractional scale could not be confirmed)")
     return [int(s) for s in scales]

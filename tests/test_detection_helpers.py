@@ -103,11 +103,13 @@ def test_bicubic_matches_torch(scale, align_corners, opset):
         np.testing.assert_allclose(ref, want, atol=2e-5)
 
 
-def test_bicubic_fractional_scale_is_refused():
+@pytest.mark.parametrize("scale", [1.5, float("nan"), float("inf")])
+def test_bicubic_fractional_or_non_finite_scale_is_refused(scale):
+    # NaN and inf crashed the check (int() of them) before: the fuzzer found it
     model = _one_node("TRTBicubicInterpolate",
                       [helper.make_tensor_value_info("x", FLOAT, ["N", 3, "H", "W"])],
                       [helper.make_tensor_value_info("y", FLOAT, ["N", 3, None, None])],
-                      {"scale_factor": [1.5, 1.5]}, 13)
+                      {"scale_factor": [scale, scale]}, 13)
     with pytest.raises(decomposer.UnsupportedNodeError, match="integer scales"):
         decomposer.decompose(model)
 
