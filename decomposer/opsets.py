@@ -1306,8 +1306,9 @@ def _resize_13(site: Site) -> None:
 
 
 def _resize_18(site: Site) -> None:
-    """Resize-18's antialias=1 and keep_aspect_ratio_policy other than stretch are refused;
-    axes are written out into full-rank scales/sizes (scattered at run time)."""
+    """Resize-18's antialias=1: matrices (as half_pixel_symmetric); keep_aspect_ratio_policy
+    other than stretch is refused; axes are written out into full-rank scales/sizes
+    (scattered at run time)."""
     if site.attr("antialias", 0):
         _resize_by_matrices(site, 18, "antialias=1")
         return
@@ -1450,7 +1451,7 @@ def _resize_matrix(length: int, target: int, scale: float | None, attrs: dict[st
         [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [length, target])],
         initializers), opset_imports=[helper.make_opsetid("", max(since, 19))])
     try:
-        result = ReferenceEvaluator(model).run(None, {"x": identity})[0]
+        result = list(ReferenceEvaluator(model).run(None, {"x": identity}))[0]
     except Exception as exc:  # noqa: BLE001 - the reference cannot say it either
         raise CannotSay(f"Resize: ONNX's reference cannot compute these attributes "
                         f"({type(exc).__name__})", since) from None
