@@ -1469,13 +1469,110 @@ def _scatter_reduction(since: int, new: tuple[str, ...]) -> Adapter:
     def adapter(site: Site) -> None:
         reduction = site.attr("reduction", b"none").decode()
         if reduction in new:
+            if site.node.op_type == "ScatterElements":
+                _scatter_elements_one_hot(site, reduction, since)
+                return
             raise CannotSay(f"{site.node.op_type}'s reduction '{reduction}' is defined from "
                             f"opset {since}", since)
         if since == 16:
             site.drop_attr("reduction")
 
-    adapter.__doc__ = f"reduction {'/'.join(new)} is refused; 'none' is dropped"
+    adapter.__doc__ = (f"reduction {'/'.join(new)}: ScatterElements through a one-hot mask "
+                       f"and a Reduce, ScatterND refused; 'none' is dropped")
     return adapter
+
+
+def _unsqueezed(site: Site, new: list[onnx.NodeProto], x: str, axis: int, hint: str) -> str:
+    if site.target >= 13:
+        return site.add(new, "Unsqueeze", [x, site.const(f"{hint}_axes", np.array(
+            [axis], np.int64))], hint)
+    return site.add(new, "Unsqueeze", [x], hint, axes=[axis])
+
+
+def _reduced(site: Site, new: list[onnx.NodeProto], op_type: str, x: str, axis: int,
+             hint: str) -> str:
+    """``op_type`` over ``axis``, keepdims=0, in the target's spelling."""
+    if op_type == "ReduceSum" and site.target >= 13:
+        return site.add(new, op_type, [x, site.const(f"{hint}_axes", np.array(
+            [axis], np.int64))], hint, keepdims=0)
+    return site.add(new, op_type, [x], hint, axes=[axis], keepdims=0)
+
+
+def _scatter_elements_one_hot(site: Site, reduction: str, since: int) -> None:
+    """ScatterElements with a reduction the target lacks: for each position along the axis
+    a mask of the updates aimed at it (Equal of the indices and a Range), the updates
+    reduced over the indices' axis (ReduceSum/Prod/Max/Min of a Where with the reduction's
+    identity), padded to the data's shape, and combined with the data only where some
+    update lands (a Where; max/min by comparison, so any numeric type). Several updates
+    to one element are combined among themselves first: for add and mul that is another
+    order than the sequential one (float rounding of the same sum or product)."""
+    node = site.node
+    rank = site.rank(node.input[0])
+    elem = site.elem_type(node.input[2])
+    if rank is None or elem is None:
+        raise CannotSay(f"ScatterElements' reduction '{reduction}' is defined from opset "
+                        f"{since} (here the rank or type is unknown)", since)
+    axis = int(site.attr("axis", 0)) % rank
+    data, indices, updates = node.input[0], node.input[1], node.input[2]
+    dtype = _NUMPY_OF.get(elem)
+    if dtype is None:
+        raise CannotSay(f"ScatterElements' reduction '{reduction}' on {_type_name(elem)} is "
+                        f"defined from opset {since}", since)
+    if np.issubdtype(dtype, np.floating):
+        low, high = -np.inf, np.inf
+    else:
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    identity = {"add": 0, "mul": 1, "max": low, "min": high}[reduction]
+    reduce_op = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax",
+                 "min": "ReduceMin"}[reduction]
+    new: list[onnx.NodeProto] = []
+    length = site.add(new, "Gather", [site.add(new, "Shape", [data], "data_shape"),
+                                      site.const("axis_at", np.array([axis], np.int64))],
+                      "length", axis=0)
+    index64 = site.add(new, "Cast", [indices], "indices64", to=TensorProto.INT64)
+    wrapped = site.add(new, "Mod", [site.add(new, "Add", [index64, length], "indices_up"),
+                                    length], "indices_wrapped")
+    shape = [1] * (rank + 1)
+    shape[axis + 1] = -1
+    positions = site.add(new, "Reshape", [
+        site.add(new, "Range", [site.const("zero", np.array(0, np.int64)),
+                                site.add(new, "Squeeze", [length], "length_scalar",
+                                         axes=[0]) if site.target < 13 else
+                                site.add(new, "Squeeze", [length, site.const(
+                                    "squeeze_axes", np.array([0], np.int64))],
+                                    "length_scalar"),
+                                site.const("one", np.array(1, np.int64))], "positions"),
+        site.const("positions_shape", np.array(shape, np.int64))], "positions_along")
+    aimed = site.add(new, "Equal", [_unsqueezed(site, new, wrapped, axis + 1, "indices_e"),
+                                    positions], "aimed")
+    spread = site.add(new, "Where", [aimed, _unsqueezed(site, new, updates, axis + 1,
+                                                        "updates_e"),
+                                     site.const("identity", np.array(identity, dtype))],
+                      "spread")
+    contribution = _reduced(site, new, reduce_op, spread, axis, "contribution")
+    landed = _reduced(site, new, "ReduceMax", site.add(new, "Cast", [aimed], "aimed_int",
+                                                       to=TensorProto.INT32), axis, "landed")
+    # pad both to the data's shape at the end of every axis (the updates may be smaller)
+    zeros = site.const("no_pads", np.zeros(rank, np.int64))
+    ends = site.add(new, "Sub", [site.add(new, "Shape", [data], "data_dims"),
+                                 site.add(new, "Shape", [contribution], "contribution_dims")],
+                    "missing")
+    pads = site.add(new, "Concat", [zeros, ends], "pads", axis=0)
+    contribution = site.add(new, "Pad", [contribution, pads, site.const(
+        "pad_identity", np.array(identity, dtype))], "contribution_full")
+    landed = site.add(new, "Cast", [site.add(new, "Pad", [landed, pads], "landed_full")],
+                      "landed_bool", to=TensorProto.BOOL)
+    if reduction == "add":
+        combined = site.add(new, "Add", [data, contribution], "combined")
+    elif reduction == "mul":
+        combined = site.add(new, "Mul", [data, contribution], "combined")
+    else:
+        better = site.add(new, "Greater" if reduction == "max" else "Less",
+                          [contribution, data], "better")
+        combined = site.add(new, "Where", [better, contribution, data], "combined")
+    new.append(helper.make_node("Where", [landed, combined, data], [node.output[0]],
+                                name=node.name or site.fresh(f"{site.label}/scattered")))
+    site.replacement = new
 
 
 def _constant_12(site: Site) -> None:
@@ -1857,6 +1954,11 @@ def _select_last_index(site: Site) -> None:
     site.replacement = new
 
 
+_NUMPY_OF: dict[int, Any] = {
+    TensorProto.FLOAT: np.float32, TensorProto.DOUBLE: np.float64,
+    TensorProto.FLOAT16: np.float16, TensorProto.INT32: np.int32, TensorProto.INT64: np.int64,
+    TensorProto.INT8: np.int8, TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16,
+    TensorProto.UINT16: np.uint16, TensorProto.UINT32: np.uint32, TensorProto.UINT64: np.uint64}
 _SIGNED_BITS: dict[int, int] = {TensorProto.INT8: 8, TensorProto.INT16: 16, TensorProto.INT32: 32,
                 TensorProto.INT64: 64}
 

@@ -323,3 +323,37 @@ def test_resize_the_target_cannot_say_becomes_matrices(mode, attrs, source):
         got = ort.InferenceSession(out.SerializeToString()).run(None, {"x": data})[0]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got, native, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction, torch_name", [("add", "sum"), ("mul", "prod"),
+                                                   ("max", "amax"), ("min", "amin")])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_scatter_elements_reduction_below_16_18_against_torch(reduction, torch_name, dtype):
+    """ScatterElements-18 with a reduction, duplicate and negative indices, updates smaller
+    than the data, taken to 15 and 11; against torch.scatter_reduce (include_self)."""
+    import torch
+
+    rng = np.random.default_rng(6)
+    data = (rng.standard_normal((4, 6)) * 3).astype(dtype)
+    indices = rng.integers(-6, 6, (3, 5)).astype(np.int64)
+    indices[0, :2] = [1, 1]  # duplicates
+    updates = (rng.standard_normal((3, 5)) * 3).astype(dtype)
+    elem = TensorProto.FLOAT if dtype == np.float32 else TensorProto.INT64
+    graph = helper.make_graph(
+        [helper.make_node("ScatterElements", ["d", "i", "u"], ["y"], name="scatter", axis=1,
+                          reduction=reduction)], "g",
+        [helper.make_tensor_value_info("d", elem, ["a", 6]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, ["b", 5]),
+         helper.make_tensor_value_info("u", elem, ["b", 5])],
+        [helper.make_tensor_value_info("y", elem, ["a", 6])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    wrapped = np.where(indices < 0, indices + 6, indices)
+    want = torch.from_numpy(data.copy())
+    want[:3] = torch.scatter_reduce(want[:3], 1, torch.from_numpy(wrapped),
+                                    torch.from_numpy(updates), reduce=torch_name)
+    for target in (15, 11):
+        out = decomposer.decompose(model, target_opset=target)
+        onnx.checker.check_model(out, full_check=True)
+        got = ort.InferenceSession(out.SerializeToString()).run(
+            None, {"d": data, "i": indices, "u": updates})[0]
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
