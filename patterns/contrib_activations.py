@@ -59,6 +59,9 @@ class Facts(NamedTuple):
     rank: int | None
     alpha: float  # QuickGelu's
     approximate: str = "none"  # ONNX Gelu's
+    # the output is a graph output: ONNX Runtime fuses nothing there, so the cheapest
+    # elementwise form is written instead of the one its fusions recognize
+    graph_output: bool = False
 
 
 class _Activation(Pattern[Facts]):
@@ -77,7 +80,8 @@ class _Activation(Pattern[Facts]):
         self.check_shapes(node, ctx)
         return Facts(elem_type, None if shape is None else len(shape),
                      float(node.args.get("alpha", 1.0)),
-                     str(node.args.get("approximate", "none")))
+                     str(node.args.get("approximate", "none")),
+                     ctx.is_model_output(node.outputs[0]))
 
     def check_shapes(self, node: MatchedNode, ctx: MatchContext) -> None:
         """Op-specific shape requirements (raise Reject)."""
@@ -119,11 +123,16 @@ def _gelu(b: Builder, x: Value, out: str | None = None) -> Value:
     return b.Mul(b.Mul(x, erf + 1.0, hint="x_erf"), 0.5, hint="gelu", out=out)
 
 
-def _tanh_gelu(b: Builder, x: Value, out: str | None = None) -> Value:
+def _tanh_gelu(b: Builder, x: Value, out: str | None = None, fusable: bool = True
+               ) -> Value:
     """0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))): FastGelu, and ONNX's Gelu
-    with approximate="tanh". Written as the second formula of ONNX Runtime's FastGeluFusion
-    (Pow(x, 3), Mul, Add x, Mul, Tanh, Add 1, Mul by 0.5 * x), which fuses it back into
-    FastGelu where the result is not a graph output."""
+    with approximate="tanh". ``fusable``: written as the second formula of ONNX Runtime's
+    FastGeluFusion (Pow(x, 3), Mul, Add x, Mul, Tanh, Add 1, Mul by 0.5 * x), which fuses
+    it back into FastGelu, unless its result is a graph output (the fusion skips those);
+    there x * x * x, cheaper than Pow unfused (docs/performance.md)."""
+    if not fusable:
+        inner = (x + (x * x * x) * FAST_GELU_CUBIC) * SQRT_2_OVER_PI
+        return b.Mul(x * 0.5, b.Tanh(inner, hint="tanh") + 1.0, hint="fast_gelu", out=out)
     cubed = b.Pow(x, np.asarray(3.0, x.dtype), hint="cubed")
     inner = b.Mul(b.Add(x, b.Mul(cubed, np.asarray(FAST_GELU_CUBIC, x.dtype), hint="cubic"),
                         hint="inner"), np.asarray(SQRT_2_OVER_PI, x.dtype), hint="scaled")
@@ -179,7 +188,7 @@ class FastGelu(_Activation):
     def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
                 out: str | None) -> Value:
         x = values["x"] + values["bias"] if "bias" in values else values["x"]
-        return _tanh_gelu(b, x, out)
+        return _tanh_gelu(b, x, out, fusable=not facts.graph_output)
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
         x, bias = tensors["x"], tensors.get("bias")
@@ -206,7 +215,7 @@ class OnnxGelu(_Activation):
     def formula(self, b: Builder, values: dict[str, Value], facts: Facts,
                 out: str | None) -> Value:
         return _gelu(b, values["x"], out) if facts.approximate == "none" else \
-            _tanh_gelu(b, values["x"], out)
+            _tanh_gelu(b, values["x"], out, fusable=not facts.graph_output)
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
         x = tensors["x"]
