@@ -10,10 +10,9 @@ added back into a ``(N, C, *image_shape)`` image at its block's position, overla
 
 Before -> after (k = block_shape, for each kernel offset j)::
 
-    x = Reshape(input, (N, C, k_1, .., k_d, b_1, .., b_d))
-    patch_j = x[:, :, j_1, .., j_d]                  # (N, C, b_1, .., b_d)
+    x = Reshape(input, (N, C, K, b_1, .., b_d));  patch_j = Split(x, K pieces)[j]
     placed_j = Pad(stride-spaced patch_j, at j_i * dilation_i)   # the padded image's size
-    image = sum_j placed_j, then the pads cut off
+    image = Sum(placed_0, .., placed_{K-1}), then the pads cut off
 
 Every value is an input value or a sum of them; the zeros placed around a patch are added,
 never multiplied, so inf and NaN travel as in the reference. The sums run over kernel
@@ -108,15 +107,17 @@ class Col2Im(Pattern[Facts]):
         if dtype != original:
             x = b.Cast(x, dtype, hint="x_f32")
         d = len(facts.image)
-        split = b.Reshape(x, np.array([0, facts.channels, *facts.kernel, *facts.blocks],
-                                      np.int64), hint="blocks")
+        offsets_all = list(itertools.product(*(range(k) for k in facts.kernel)))
+        # (N, C, K, b_1, .., b_d), the K kernel offsets split apart in one pass
+        blocks = b.Reshape(x, np.array([0, facts.channels, len(offsets_all), *facts.blocks],
+                                       np.int64), hint="blocks")
+        pieces = b.Split(blocks, [1] * len(offsets_all), axis=2, hint="patches") \
+            if len(offsets_all) > 1 else [blocks]
         padded = [facts.image[i] + facts.pads[i] + facts.pads[d + i] for i in range(d)]
-        total: Value | None = None
-        for offsets in itertools.product(*(range(k) for k in facts.kernel)):
+        placed_all: list[Value] = []
+        for offsets, piece in zip(offsets_all, pieces, strict=True):
             label = "_".join(str(j) for j in offsets)
-            patch = split
-            for j in offsets:  # each Gather removes one kernel axis (the first left)
-                patch = b.Gather(patch, j, axis=2, hint=f"patch{label}")
+            patch = b.Squeeze(piece, [2], hint=f"patch{label}")
             pads = [0] * (2 * (d + 2))
             for i in range(d):
                 axis = 2 + i
@@ -127,9 +128,10 @@ class Col2Im(Pattern[Facts]):
                 length = (count - 1) * stride + 1
                 begin = offsets[i] * facts.dilations[i]
                 pads[axis], pads[d + 2 + axis] = begin, padded[i] - begin - length
-            placed = b.pad(patch, pads, 0, dtype, hint=f"placed{label}")
-            total = placed if total is None else b.Add(total, placed, hint=f"sum{label}")
-        assert total is not None
+            placed_all.append(b.pad(patch, pads, 0, dtype, hint=f"placed{label}"))
+        # one Sum over the placed patches, in kernel-offset order
+        total = placed_all[0] if len(placed_all) == 1 else \
+            b.op("Sum", *placed_all, hint="summed")
         if any(facts.pads):
             total = b.Slice(total, list(facts.pads[:d]),
                             [facts.pads[i] + facts.image[i] for i in range(d)],
