@@ -46,6 +46,14 @@ class ComputeType:
         narrow), else None (:meth:`finish` then rounds into it)."""
         return None if self.narrow or not out else out
 
+    def write(self, value: Value, out: str) -> None:
+        """Write ``value`` (computed in the computation type) to output ``out``: rounded by
+        a Cast when narrow, else an Identity (for a value an op could not write itself)."""
+        if self.narrow:
+            self.b.Cast(value, self.original, hint="result", out=out)
+        else:
+            self.b.op("Identity", value, hint="result", out=out)
+
     def finish(self, value: Value, out: str) -> None:
         """Round ``value`` to the node's type into output ``out``, unless :meth:`direct`
         let it write there."""

@@ -30,11 +30,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import Example, F, i64
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._compute import ComputeType
 
 _TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -101,11 +103,10 @@ class Col2Im(Pattern[Facts]):
                      columns // total)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
-        x: Value = b.input(node.tensor("input"), original)
-        if dtype != original:
-            x = b.Cast(x, dtype, hint="x_f32")
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype = compute.dtype
+        x = compute.read("input")
+        assert x is not None
         d = len(facts.image)
         offsets_all = list(itertools.product(*(range(k) for k in facts.kernel)))
         # (N, C, K, b_1, .., b_d), the K kernel offsets split apart in one pass
@@ -136,10 +137,7 @@ class Col2Im(Pattern[Facts]):
             total = b.Slice(total, list(facts.pads[:d]),
                             [facts.pads[i] + facts.image[i] for i in range(d)],
                             list(range(2, 2 + d)), hint="unpadded")
-        if dtype != original:
-            b.Cast(total, original, hint="result", out=node.outputs[0])
-        else:
-            b.op("Identity", total, hint="result", out=node.outputs[0])
+        compute.write(total, node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -42,11 +42,13 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value, numpy_dtype
+from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import Example, F, i64
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._compute import ComputeType
 
 _TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 
@@ -144,11 +146,10 @@ class DFT(Pattern[Facts]):
                      bool(node.args["inverse"]), onesided)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
-        x: Value = b.input(node.tensor("input"), original)
-        if dtype != original:
-            x = b.Cast(x, dtype, hint="x_f32")
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype = compute.dtype
+        x = compute.read("input")
+        assert x is not None
         rank, axis = facts.rank, facts.axis
         # the signal axis goes last but one, next to the complex dim
         order = [a for a in range(rank - 1) if a != axis] + [axis, rank - 1]
@@ -161,15 +162,13 @@ class DFT(Pattern[Facts]):
         bins = facts.points // 2 + 1 if facts.onesided else facts.points
         stacked = transform_last(b, x, rank, used, facts.points, bins, facts.complex_input,
                                  facts.inverse, dtype)
-        back = [order.index(a) for a in range(rank)]
-        last = not moved and dtype == original
-        result = stacked if not moved else b.Transpose(
-            stacked, back, hint="signal_back", out=node.outputs[0] if dtype == original
-            else None)
-        if dtype != original:
-            b.Cast(result, original, hint="result", out=node.outputs[0])
-        elif last:
-            b.op("Identity", result, hint="result", out=node.outputs[0])
+        if moved:
+            back = [order.index(a) for a in range(rank)]
+            stacked = b.Transpose(stacked, back, hint="signal_back",
+                                  out=compute.direct(node.outputs[0]))
+            compute.finish(stacked, node.outputs[0])
+        else:
+            compute.write(stacked, node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
@@ -253,27 +252,21 @@ class STFT(Pattern[STFTFacts]):
                          complex_input, onesided)
 
     def build(self, b: Builder, node: MatchedNode, facts: STFTFacts) -> None:
-        original = numpy_dtype(facts.elem_type)
-        dtype = np.dtype(np.float32) if facts.elem_type == TensorProto.FLOAT16 else original
-        x: Value = b.input(node.tensor("signal"), original)
-        if dtype != original:
-            x = b.Cast(x, dtype, hint="signal_f32")
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype = compute.dtype
+        x = compute.read("signal")
+        assert x is not None
         starts = np.arange(facts.frames, dtype=np.int64)[:, None] * facts.step
         index = starts + np.arange(facts.frame, dtype=np.int64)[None, :]
         frames = b.Gather(x, b.const(index, hint="frame_index"), axis=1, hint="frames")
-        if node.tensor("window"):  # (frame,) along the frame's samples
-            window = b.input(node.tensor("window"), original)
-            if dtype != original:
-                window = b.Cast(window, dtype, hint="window_f32")
+        window = compute.read("window")
+        if window is not None:  # (frame,) along the frame's samples
             frames = b.Mul(frames, b.Unsqueeze(window, [1], hint="window_column"),
                            hint="windowed")
         bins = facts.frame // 2 + 1 if facts.onesided else facts.frame
         result = transform_last(b, frames, 4, facts.frame, facts.frame, bins,
                                 facts.complex_input, False, dtype)
-        if dtype != original:
-            b.Cast(result, original, hint="result", out=node.outputs[0])
-        else:
-            b.op("Identity", result, hint="result", out=node.outputs[0])
+        compute.write(result, node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: STFTFacts
                      ) -> list[OutputType]:
