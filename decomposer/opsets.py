@@ -1472,14 +1472,84 @@ def _scatter_reduction(since: int, new: tuple[str, ...]) -> Adapter:
             if site.node.op_type == "ScatterElements":
                 _scatter_elements_one_hot(site, reduction, since)
                 return
-            raise CannotSay(f"{site.node.op_type}'s reduction '{reduction}' is defined from "
-                            f"opset {since}", since)
+            _scatter_nd_one_hot(site, reduction, since)
+            return
         if since == 16:
             site.drop_attr("reduction")
 
-    adapter.__doc__ = (f"reduction {'/'.join(new)}: ScatterElements through a one-hot mask "
-                       f"and a Reduce, ScatterND refused; 'none' is dropped")
+    adapter.__doc__ = (f"reduction {'/'.join(new)}: through a one-hot mask and a Reduce "
+                       f"(ScatterND: static shapes); 'none' is dropped")
     return adapter
+
+
+_SCATTER_ND_LIMIT = 1 << 24  # elements of the (updates, positions, slice) mask
+
+
+def _scatter_nd_one_hot(site: Site, reduction: str, since: int) -> None:
+    """ScatterND with a reduction the target lacks, for static shapes: the first k dims of
+    the data flattened into F positions, a (P updates, F) mask of where each update lands
+    (its row-major index), the updates spread over it with the reduction's identity and
+    reduced over P, and combined with the data where some update lands (as
+    :func:`_scatter_elements_one_hot`)."""
+    node = site.node
+    data_shape = site.shape(node.input[0])
+    index_shape = site.shape(node.input[1])
+    elem = site.elem_type(node.input[0])
+    reason = f"ScatterND's reduction '{reduction}' is defined from opset {since}"
+    if data_shape is None or index_shape is None or elem is None or \
+            not all(isinstance(d, int) for d in [*data_shape, *index_shape]):
+        raise CannotSay(f"{reason} (lowered for static shapes only)", since)
+    dims = [int(d) for d in data_shape]  # type: ignore[arg-type]
+    k = int(index_shape[-1])  # type: ignore[arg-type]
+    count = int(np.prod([int(d) for d in index_shape[:-1]]))  # type: ignore[arg-type]
+    positions = int(np.prod(dims[:k]))
+    rest = int(np.prod(dims[k:]))
+    dtype = _NUMPY_OF.get(elem)
+    if dtype is None or count * positions * rest > _SCATTER_ND_LIMIT or not 1 <= k <= len(dims):
+        raise CannotSay(f"{reason} (here too large, or of a type it cannot say)", since)
+    if np.issubdtype(dtype, np.floating):
+        low, high = -np.inf, np.inf
+    else:
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    identity = {"add": 0, "mul": 1, "max": low, "min": high}[reduction]
+    reduce_op = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax",
+                 "min": "ReduceMin"}[reduction]
+    strides = [int(np.prod(dims[j + 1:k])) for j in range(k)]
+    new: list[onnx.NodeProto] = []
+    index64 = site.add(new, "Cast", [node.input[1]], "indices64", to=TensorProto.INT64)
+    bounds = site.const("bounds", np.array(dims[:k], np.int64))
+    wrapped = site.add(new, "Mod", [site.add(new, "Add", [index64, bounds], "indices_up"),
+                                    bounds], "indices_wrapped")
+    flat = site.add(new, "Mul", [wrapped, site.const("strides", np.array(strides, np.int64))],
+                    "weighted")
+    linear = _reduced(site, new, "ReduceSum", flat, len(index_shape) - 1, "linear")
+    column = site.add(new, "Reshape", [linear, site.const("column", np.array(
+        [count, 1, 1], np.int64))], "linear_column")
+    aimed = site.add(new, "Equal", [column, site.const("positions", np.arange(
+        positions, dtype=np.int64).reshape(1, positions, 1))], "aimed")
+    spread = site.add(new, "Where", [aimed, site.add(new, "Reshape", [
+        node.input[2], site.const("updates_shape", np.array([count, 1, rest], np.int64))],
+        "updates_flat"), site.const("identity", np.array(identity, dtype))], "spread")
+    contribution = site.add(new, "Reshape", [
+        _reduced(site, new, reduce_op, spread, 0, "contribution_flat"),
+        site.const("data_dims", np.array(dims, np.int64))], "contribution")
+    landed = site.add(new, "Cast", [site.add(new, "Reshape", [
+        _reduced(site, new, "ReduceMax", site.add(new, "Cast", [aimed], "aimed_int",
+                                                  to=TensorProto.INT32), 0, "landed_flat"),
+        site.const("landed_shape", np.array(dims[:k] + [1] * (len(dims) - k), np.int64))],
+        "landed_dims")], "landed", to=TensorProto.BOOL)
+    data = node.input[0]
+    if reduction == "add":
+        combined = site.add(new, "Add", [data, contribution], "combined")
+    elif reduction == "mul":
+        combined = site.add(new, "Mul", [data, contribution], "combined")
+    else:
+        better = site.add(new, "Greater" if reduction == "max" else "Less",
+                          [contribution, data], "better")
+        combined = site.add(new, "Where", [better, contribution, data], "combined")
+    new.append(helper.make_node("Where", [landed, combined, data], [node.output[0]],
+                                name=node.name or site.fresh(f"{site.label}/scattered")))
+    site.replacement = new
 
 
 def _unsqueezed(site: Site, new: list[onnx.NodeProto], x: str, axis: int, hint: str) -> str:

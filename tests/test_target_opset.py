@@ -357,3 +357,31 @@ def test_scatter_elements_reduction_below_16_18_against_torch(reduction, torch_n
         got = ort.InferenceSession(out.SerializeToString()).run(
             None, {"d": data, "i": indices, "u": updates})[0]
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["add", "mul", "max", "min"])
+def test_scatter_nd_reduction_below_16_18_against_numpy(reduction):
+    """ScatterND-18 with a reduction and repeated indices (slices and single elements),
+    taken to 15 and 11; against a sequential numpy loop (ONNX's definition)."""
+    rng = np.random.default_rng(8)
+    data = rng.standard_normal((4, 3, 2)).astype(np.float32)
+    indices = np.array([[1], [3], [1], [-4]], np.int64)  # -4 is 0; 1 twice
+    updates = rng.standard_normal((4, 3, 2)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("ScatterND", ["d", "i", "u"], ["y"], name="scatter",
+                          reduction=reduction)], "g",
+        [helper.make_tensor_value_info("d", TensorProto.FLOAT, [4, 3, 2]),
+         helper.make_tensor_value_info("i", TensorProto.INT64, [4, 1]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [4, 3, 2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3, 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    combine = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+    want = data.copy()
+    for position, update in zip(indices[:, 0] % 4, updates, strict=True):
+        want[position] = combine[reduction](want[position], update)
+    for target in (15, 11):
+        out = decomposer.decompose(model, target_opset=target)
+        onnx.checker.check_model(out, full_check=True)
+        got = ort.InferenceSession(out.SerializeToString()).run(
+            None, {"d": data, "i": indices, "u": updates})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
