@@ -71,7 +71,7 @@ from decomposer.graphs import (
     opset_map,
     subgraphs,
 )
-from decomposer.opsets import NEWEST_OPSET, take_down
+from decomposer.opsets import LOWERING_DOMAIN, NEWEST_OPSET, take_down
 from decomposer.pattern import Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
@@ -479,12 +479,17 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     for job in functions:
         job.finish(report, opsets.get("", 0))
 
-    if report.unsupported and not allow_unsupported:
+    stuck = [issue for issue in report.unsupported if issue.domain == LOWERING_DOMAIN]
+    if report.unsupported and (not allow_unsupported or stuck):
         lines = "\n  ".join(issue.describe() for issue in report.unsupported)
         raise UnsupportedNodeError(
             f"{len(report.unsupported)} node(s) cannot be decomposed:\n  {lines}",
             report.unsupported, report)
 
+    if going_down:  # the hand-over domain of decomposer.opsets is empty now
+        kept = [entry for entry in out.opset_import if entry.domain != LOWERING_DOMAIN]
+        del out.opset_import[:]
+        out.opset_import.extend(kept)
     remove_orphans(usage.graphs, main.orphan_candidates, report, usage.reads)
     drop_unused_imports(out.opset_import, used_domains(main.nodes_before),
                         {norm_domain(domain) for domain in usage.domains}, report,

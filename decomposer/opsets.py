@@ -36,10 +36,13 @@ from onnx import TensorProto, defs, helper, numpy_helper
 
 from decomposer.graphs import all_graphs, norm_domain, subgraphs
 
-__all__ = ["ADAPTERS", "NEWEST_OPSET", "Refusal", "adapter_table", "default_opset",
+__all__ = ["ADAPTERS", "LOWERING_DOMAIN", "NEWEST_OPSET", "Refusal", "adapter_table", "default_opset",
            "ir_version_for", "take_down"]
 
 NEWEST_OPSET = defs.onnx_opset_version()
+# Where a standard node goes that the target's op cannot say but a pattern lowers (GridSample
+# on 5-D input at 16-19): no engine reads this domain, so its nodes must all be rewritten.
+LOWERING_DOMAIN = "ai.decomposer.lowering"
 
 
 @dataclass(frozen=True)
@@ -239,11 +242,12 @@ class Site:
     """One node being taken down, with what an adapter may ask and write around it."""
 
     def __init__(self, node: onnx.NodeProto, facts: _Facts, fresh: Callable[[str], str],
-                 target: int) -> None:
+                 target: int, has_pattern: Callable[[str], bool] | None = None) -> None:
         self.node = node
         self.facts = facts
         self.fresh = fresh
         self.target = target
+        self.has_pattern = has_pattern  # None where a node cannot be marked (a function)
         self.before: list[onnx.NodeProto] = []
         self.after: list[onnx.NodeProto] = []
         self.replacement: list[onnx.NodeProto] | None = None  # the node becomes these
@@ -274,6 +278,15 @@ class Site:
 
     def elem_type(self, name: str) -> int | None:
         return self.facts.types.get(name)
+
+    def lower_by_pattern(self, reason: str, since: int) -> None:
+        """The target has the op but not this form of it: the node is handed to the op's
+        lowering pattern (moved to :data:`LOWERING_DOMAIN`, which the engine rewrites like
+        any other non-standard node), or refused with ``reason`` if no pattern lowers it."""
+        if self.has_pattern is None or not self.has_pattern(self.node.op_type):
+            raise CannotSay(reason, since)
+        self.node.domain = LOWERING_DOMAIN
+        self.replacement = [self.node]
 
     # what an adapter writes
     def set_attr(self, name: str, value: Any) -> None:
@@ -371,6 +384,10 @@ def take_down(model: onnx.ModelProto, target: int,
         if norm_domain(entry.domain) == "":
             entry.version = target
     model.ir_version = min(model.ir_version, ir_version_for(target))
+    if any(node.domain == LOWERING_DOMAIN for graph in all_graphs(model.graph)
+           for node in graph.node) and \
+            not any(entry.domain == LOWERING_DOMAIN for entry in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(LOWERING_DOMAIN, 1))
     unread = read_before - _reads(model)
     _drop_initializers(model, unread)
     _drop_detached(model, unread)
@@ -496,7 +513,8 @@ def _take_down_nodes(nodes: Any, source: int, target: int, facts: _Facts,
             rebuilt.extend(holder.node)
             changed = True
             continue
-        site = Site(node, facts, fresh, target)
+        site = Site(node, facts, fresh, target, has_pattern if label.startswith("main graph")
+                    else None)
         try:
             touched = _take_down_node(site, source, target)
         except CannotSay as why:
@@ -1915,7 +1933,8 @@ def _grid_sample_20(site: Site) -> None:
         return
     rank = site.rank(site.node.input[0])
     if rank is not None and rank != 4:
-        raise CannotSay(f"GridSample on a {rank}-D input is defined from opset 20", 20)
+        site.lower_by_pattern(f"GridSample on a {rank}-D input is defined from opset 20", 20)
+        return
     mode = site.attr("mode", b"linear")
     renamed = {b"linear": "bilinear", b"cubic": "bicubic", b"nearest": "nearest"}
     site.set_attr("mode", renamed.get(mode, mode.decode()))

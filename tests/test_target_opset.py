@@ -385,3 +385,36 @@ def test_scatter_nd_reduction_below_16_18_against_numpy(reduction):
         got = ort.InferenceSession(out.SerializeToString()).run(
             None, {"d": data, "i": indices, "u": updates})[0]
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def _volumetric_grid_sample(mode: str) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 2, 4, 5, 6])
+    grid = helper.make_tensor_value_info("grid", TensorProto.FLOAT, ["n", 3, 4, 2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 2, 3, 4, 2])
+    node = helper.make_node("GridSample", ["x", "grid"], ["y"], name="sample3d", mode=mode,
+                            align_corners=1)
+    return helper.make_model(helper.make_graph([node], "g", [x, grid], [y]),
+                             opset_imports=[helper.make_opsetid("", 20)])
+
+
+def test_a_form_the_target_op_lacks_goes_to_the_op_s_pattern():
+    """GridSample-16..19 is 4-D only: a 5-D GridSample-20 taken to 17 is handed to the
+    GridSample pattern (ONNX's reference and ONNX Runtime's GridSample-20 the oracles);
+    one it refuses stays exit 3, even with allow_unsupported (nothing reads the hand-over
+    domain)."""
+    from onnx.reference import ReferenceEvaluator
+
+    model = _volumetric_grid_sample("linear")
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((1, 2, 4, 5, 6)).astype(np.float32),
+             "grid": rng.uniform(-1.1, 1.1, (1, 3, 4, 2, 3)).astype(np.float32)}
+    want = ReferenceEvaluator(model).run(None, feeds)[0]
+    out, report = decomposer.decompose_with_report(model, target_opset=17)
+    onnx.checker.check_model(out, full_check=True)
+    assert report.counts == {"GridSample": 1}
+    assert {o.domain for o in out.opset_import} == {""}
+    got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(decomposer.UnsupportedNodeError, match="sample3d"):
+        decomposer.decompose(_volumetric_grid_sample("cubic"), target_opset=17,
+                             allow_unsupported=True)
