@@ -36,8 +36,8 @@ from onnx import TensorProto, defs, helper, numpy_helper
 
 from decomposer.graphs import all_graphs, norm_domain, subgraphs
 
-__all__ = ["ADAPTERS", "LOWERING_DOMAIN", "NEWEST_OPSET", "Refusal", "adapter_table", "default_opset",
-           "ir_version_for", "take_down"]
+__all__ = ["ADAPTERS", "LOWERING_DOMAIN", "NEWEST_OPSET", "Refusal", "adapter_table",
+           "default_opset", "ir_version_for", "take_down"]
 
 NEWEST_OPSET = defs.onnx_opset_version()
 # Where a standard node goes that the target's op cannot say but a pattern lowers (GridSample
