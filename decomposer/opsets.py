@@ -1257,15 +1257,12 @@ def _shape_bounds(site: Site) -> None:
     site.drop_attr("start", "end")
     if start in (None, 0) and end is None:
         return
-    target = site.target
     original = site.node.output[0]
     full = site.fresh(f"{site.label}/full")
     site.node.output[0] = full
     starts = site.const("starts", np.array([start or 0], dtype=np.int64))
     ends = site.const("ends", np.array([end if end is not None else 1 << 62], dtype=np.int64))
     axes = site.const("axes", np.array([0], dtype=np.int64))
-    if target < 10:  # pragma: no cover - decomposer's targets start at 11
-        raise CannotSay("Slice takes inputs from opset 10", 10)
     site.after.append(helper.make_node("Slice", [full, starts, ends, axes], [original],
                                        name=site.fresh(f"{site.label}/slice")))
 
@@ -1314,13 +1311,9 @@ def _resize_13(site: Site) -> None:
         if position < len(site.node.input) and not site.node.input[position]:
             site.node.input[position] = site.const(f"empty{position}",
                                                    np.zeros(0, dtype=np.float32))
-    if len(site.node.input) < 3:
-        while len(site.node.input) < 3:
-            site.node.input.append(site.const(f"empty{len(site.node.input)}",
-                                              np.zeros(0, dtype=np.float32)))
-    mode = site.attr("coordinate_transformation_mode", b"half_pixel")
-    if mode == b"tf_half_pixel_for_nn":  # pragma: no cover - removed at 13, not added
-        return
+    while len(site.node.input) < 3:
+        site.node.input.append(site.const(f"empty{len(site.node.input)}",
+                                          np.zeros(0, dtype=np.float32)))
 
 
 def _resize_18(site: Site) -> None:
