@@ -403,11 +403,11 @@ def _resize_13(site: Site) -> None:
 
 
 def _resize_18(site: Site) -> None:
-    """Resize-18's antialias=1: matrices (as half_pixel_symmetric); keep_aspect_ratio_policy
+    """Resize-18's antialias=1: handed to the Resize pattern; keep_aspect_ratio_policy
     other than stretch is refused; axes are written out into full-rank scales/sizes
     (scattered at run time)."""
     if site.attr("antialias", 0):
-        _resize_by_matrices(site, 18, "antialias=1")
+        site.lower_by_pattern("Resize with antialias=1 is defined from opset 18", 18)
         return
     policy = site.attr("keep_aspect_ratio_policy", b"stretch")
     if policy != b"stretch":
@@ -457,109 +457,12 @@ def _resize_18(site: Site) -> None:
         site.node.input[position] = site.const(f"full{position}", full)
 
 
-_RESIZE_MATRIX_LIMIT = 1 << 22  # elements of one axis's matrix (2048 x 2048)
-
-
-def _resize_by_matrices(site: Site, since: int, what: str) -> None:
-    """A Resize the target's Resize cannot say (antialias, half_pixel_symmetric) whose
-    input's resized dims are static and whose scales or sizes are constants: one MatMul per
-    resized axis with a constant (in, out) matrix. Resize is separable and linear in its
-    input, so row j of an axis's matrix is ONNX's reference Resize of the j-th unit vector
-    along that axis, with the node's own attributes: every mode, filter and coordinate rule
-    is ONNX's by construction. keep_aspect_ratio_policy other than stretch (it ties the
-    axes) and tf_crop_and_resize (it reads the roi) are refused."""
-    node = site.node
-    shape = site.shape(node.input[0])
-    reason = f"Resize with {what} is defined from opset {since}"
-    if site.attr("keep_aspect_ratio_policy", b"stretch") != b"stretch" or \
-            site.attr("coordinate_transformation_mode", b"half_pixel") == \
-            b"tf_crop_and_resize" or shape is None:
-        raise CannotSay(reason, since)
-    rank = len(shape)
-    axes = [a % rank for a in (site.attr("axes") or range(rank))]
-    scales = site.constant(site.input(2)) if site.input(2) else None
-    sizes = site.constant(site.input(3)) if site.input(3) else None
-    if (site.input(2) and scales is None) or (site.input(3) and sizes is None) or \
-            (scales is None or scales.size == 0) and sizes is None:
-        raise CannotSay(f"{reason} (here its scales or sizes are computed at run time)", since)
-    elem = site.elem_type(node.input[0])
-    if elem not in (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16):
-        raise CannotSay(reason, since)
-    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute
-             if a.name not in ("axes", "keep_aspect_ratio_policy")}
-    new: list[onnx.NodeProto] = []
-    x = node.input[0]
-    compute = TensorProto.DOUBLE if elem == TensorProto.DOUBLE else TensorProto.FLOAT
-    if elem == TensorProto.FLOAT16:
-        x = site.add(new, "Cast", [x], "x_f32", to=TensorProto.FLOAT)
-    for position, axis in enumerate(axes):
-        length = shape[axis]
-        if sizes is None or not sizes.size:
-            scale: float | None = float(np.asarray(scales).reshape(-1)[position])
-            if scale == 1.0:
-                continue  # an axis kept (a batch or channel axis, dynamic or not)
-        else:
-            scale = None
-        if not isinstance(length, int):
-            raise CannotSay(f"{reason} (its input's dim {axis} is not static here)", since)
-        if scale is None:
-            target = int(np.asarray(sizes).reshape(-1)[position])
-        else:
-            target = int(np.floor(length * scale))
-        if target == length and (scale is None or scale == 1.0):
-            continue
-        if length * target > _RESIZE_MATRIX_LIMIT:
-            raise CannotSay(f"{reason} (an axis of {length} -> {target} is too large for "
-                            f"a matrix here)", since)
-        matrix = _resize_matrix(length, target, scale, attrs, since)
-        weights = site.const(f"resize_axis{axis}", matrix.astype(
-            np.float64 if compute == TensorProto.DOUBLE else np.float32))
-        order = [a for a in range(rank) if a != axis] + [axis]
-        moved = axis != rank - 1
-        if moved:
-            x = site.add(new, "Transpose", [x], f"axis{axis}_last", perm=order)
-        x = site.add(new, "MatMul", [x, weights], f"resized{axis}")
-        if moved:
-            x = site.add(new, "Transpose", [x], f"axis{axis}_back",
-                         perm=[order.index(a) for a in range(rank)])
-    if elem == TensorProto.FLOAT16:
-        new.append(helper.make_node("Cast", [x], [node.output[0]], to=elem,
-                                    name=node.name or site.fresh(f"{site.label}/out")))
-    else:
-        new.append(helper.make_node("Identity", [x], [node.output[0]],
-                                    name=node.name or site.fresh(f"{site.label}/out")))
-    site.replacement = new
-
-
-def _resize_matrix(length: int, target: int, scale: float | None, attrs: dict[str, Any],
-                   since: int) -> np.ndarray:
-    """(length, target): ONNX's reference Resize of each unit vector along one axis."""
-    from onnx.reference import ReferenceEvaluator
-
-    identity = np.eye(length, dtype=np.float64)
-    inputs = ["x", "", "scales", ""] if scale is not None else ["x", "", "", "sizes"]
-    initializers = [numpy_helper.from_array(np.array([1.0, scale], np.float32), "scales")] \
-        if scale is not None else \
-        [numpy_helper.from_array(np.array([length, target], np.int64), "sizes")]
-    node = helper.make_node("Resize", inputs, ["y"], **attrs)
-    model = helper.make_model(helper.make_graph(
-        [node], "resize_matrix", [helper.make_tensor_value_info("x", TensorProto.DOUBLE,
-                                                                [length, length])],
-        [helper.make_tensor_value_info("y", TensorProto.DOUBLE, [length, target])],
-        initializers), opset_imports=[helper.make_opsetid("", max(since, 19))])
-    try:
-        result = list(ReferenceEvaluator(model).run(None, {"x": identity}))[0]
-    except Exception as exc:  # noqa: BLE001 - the reference cannot say it either
-        raise CannotSay(f"Resize: ONNX's reference cannot compute these attributes "
-                        f"({type(exc).__name__})", since) from None
-    return np.asarray(result, dtype=np.float64)
-
-
 def _resize_19(site: Site) -> None:
-    """Resize-19's half_pixel_symmetric coordinates: the matrices of
-    :func:`_resize_by_matrices`."""
+    """Resize-19's half_pixel_symmetric coordinates: handed to the Resize pattern (a MatMul
+    per resized axis, patterns/resize.py)."""
     if site.attr("coordinate_transformation_mode") == b"half_pixel_symmetric":
-        _resize_by_matrices(site, 19, "coordinate_transformation_mode 'half_pixel_symmetric'")
+        site.lower_by_pattern("Resize's coordinate_transformation_mode "
+                              "'half_pixel_symmetric' is defined from opset 19", 19)
 
 
 def _scatter_reduction(since: int, new: tuple[str, ...]) -> Adapter:
