@@ -507,13 +507,7 @@ def _scatter_nd_one_hot(site: Site, reduction: str, since: int) -> None:
     dtype = _NUMPY_OF.get(elem)
     if dtype is None or count * positions * rest > _SCATTER_ND_LIMIT or not 1 <= k <= len(dims):
         raise CannotSay(f"{reason} (here too large, or of a type it cannot say)", since)
-    if np.issubdtype(dtype, np.floating):
-        low, high = -np.inf, np.inf
-    else:
-        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
-    identity = {"add": 0, "mul": 1, "max": low, "min": high}[reduction]
-    reduce_op = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax",
-                 "min": "ReduceMin"}[reduction]
+    identity, reduce_op = _reduction_of(reduction, dtype)
     strides = [int(np.prod(dims[j + 1:k])) for j in range(k)]
     new: list[onnx.NodeProto] = []
     index64 = site.add(new, "Cast", [node.input[1]], "indices64", to=TensorProto.INT64)
@@ -539,6 +533,25 @@ def _scatter_nd_one_hot(site: Site, reduction: str, since: int) -> None:
         site.const("landed_shape", np.array(dims[:k] + [1] * (len(dims) - k), np.int64))],
         "landed_dims")], "landed", to=TensorProto.BOOL)
     data = node.input[0]
+    _scattered(site, new, reduction, data, contribution, landed)
+
+
+def _reduction_of(reduction: str, dtype: Any) -> tuple[Any, str]:
+    """The reduction's identity in ``dtype`` and the Reduce op that applies it."""
+    if np.issubdtype(dtype, np.floating):
+        low, high = -np.inf, np.inf
+    else:
+        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
+    identity = {"add": 0, "mul": 1, "max": low, "min": high}[reduction]
+    return identity, {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax",
+                      "min": "ReduceMin"}[reduction]
+
+
+def _scattered(site: Site, new: list[onnx.NodeProto], reduction: str, data: str,
+               contribution: str, landed: str) -> None:
+    """The scatter's output: ``data`` combined with the reduced ``contribution`` where an
+    update ``landed`` (max/min by comparison, so any numeric type), the data elsewhere."""
+    node = site.node
     if reduction == "add":
         combined = site.add(new, "Add", [data, contribution], "combined")
     elif reduction == "mul":
@@ -588,13 +601,7 @@ def _scatter_elements_one_hot(site: Site, reduction: str, since: int) -> None:
     if dtype is None:
         raise CannotSay(f"ScatterElements' reduction '{reduction}' on {_type_name(elem)} is "
                         f"defined from opset {since}", since)
-    if np.issubdtype(dtype, np.floating):
-        low, high = -np.inf, np.inf
-    else:
-        low, high = np.iinfo(dtype).min, np.iinfo(dtype).max
-    identity = {"add": 0, "mul": 1, "max": low, "min": high}[reduction]
-    reduce_op = {"add": "ReduceSum", "mul": "ReduceProd", "max": "ReduceMax",
-                 "min": "ReduceMin"}[reduction]
+    identity, reduce_op = _reduction_of(reduction, dtype)
     new: list[onnx.NodeProto] = []
     length = site.add(new, "Gather", [site.add(new, "Shape", [data], "data_shape"),
                                       site.const("axis_at", np.array([axis], np.int64))],
@@ -632,17 +639,7 @@ def _scatter_elements_one_hot(site: Site, reduction: str, since: int) -> None:
         "pad_identity", np.array(identity, dtype))], "contribution_full")
     landed = site.add(new, "Cast", [site.add(new, "Pad", [landed, pads], "landed_full")],
                       "landed_bool", to=TensorProto.BOOL)
-    if reduction == "add":
-        combined = site.add(new, "Add", [data, contribution], "combined")
-    elif reduction == "mul":
-        combined = site.add(new, "Mul", [data, contribution], "combined")
-    else:
-        better = site.add(new, "Greater" if reduction == "max" else "Less",
-                          [contribution, data], "better")
-        combined = site.add(new, "Where", [better, contribution, data], "combined")
-    new.append(helper.make_node("Where", [landed, combined, data], [node.output[0]],
-                                name=node.name or site.fresh(f"{site.label}/scattered")))
-    site.replacement = new
+    _scattered(site, new, reduction, data, contribution, landed)
 
 
 def _constant_12(site: Site) -> None:
