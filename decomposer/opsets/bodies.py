@@ -15,7 +15,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from decomposer.graphs import all_graphs, norm_domain, subgraphs
-from decomposer.opsets.core import _FOLDABLE, _Facts, _schema
+from decomposer.opsets.core import _FOLDABLE, _Facts, _schema, evaluate_node
 
 _RANDOM = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike",
                      "RandomUniform", "RandomUniformLike"})
@@ -30,29 +30,15 @@ def _folded_new_op(node: onnx.NodeProto, source: int, target: int, facts: _Facts
     if _schema(node.op_type, target) is not None or node.op_type in _RANDOM or \
             _schema(node.op_type, source) is None or any(subgraphs(node)):
         return None
-    values = [facts.constants.get(name) for name in node.input if name]
-    if any(value is None for value in values):
+    values = [facts.constants.get(name) if name else None for name in node.input]
+    if any(value is None for name, value in zip(node.input, values, strict=True) if name):
         return None
-    from onnx.reference import ReferenceEvaluator
-
-    single = onnx.NodeProto()
-    single.CopyFrom(node)
-    single.input[:] = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
-    single.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
-    inits = [numpy_helper.from_array(np.asarray(facts.constants[n]), f"in{i}")
-             for i, n in enumerate(node.input) if n]
-    model = helper.make_model(helper.make_graph(
-        [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output if o],
-        inits), opset_imports=[helper.make_opsetid("", source)])
-    try:
-        outputs = list(ReferenceEvaluator(model).run(None, {}))
-    except Exception:  # noqa: BLE001 - then the op is lowered otherwise
-        return None
+    outputs = evaluate_node(node, values, source)
+    if outputs is None or sum(a.size for a in outputs) > _NEW_OP_FOLD_LIMIT:
+        return None  # the op is lowered otherwise
     written = [name for name in node.output if name]
-    arrays = [np.asarray(value) for value in outputs]
-    if sum(a.size for a in arrays) > _NEW_OP_FOLD_LIMIT:
-        return None
-    for name, array in zip(written, arrays, strict=False):
+    arrays = [a for name, a in zip(node.output, outputs, strict=True) if name]
+    for name, array in zip(written, arrays, strict=True):
         facts.constants[name] = array
     return [helper.make_node("Constant", [], [name], name=node.name if i == 0 else
                              f"{node.name}_{i}", value=numpy_helper.from_array(array, name))

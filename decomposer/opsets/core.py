@@ -173,24 +173,10 @@ class _Facts:
             values.append(value)
         if sum(v.size for v in values if v is not None) > _FOLD_LIMIT:
             return None
-        from onnx.reference import ReferenceEvaluator
-
-        graph_inputs = [numpy_helper.from_array(v, f"in{i}") for i, v in enumerate(values)
-                        if v is not None]
-        single = onnx.NodeProto()
-        single.CopyFrom(node)
-        single.input[:] = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
-        single.output[:] = [f"out{i}" if n else "" for i, n in enumerate(node.output)]
-        model = helper.make_model(helper.make_graph(
-            [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output if o],
-            graph_inputs), opset_imports=[helper.make_opsetid(
-                "", self.producer_opsets.get(name, self.opset) or 11)])
-        try:
-            outputs = list(ReferenceEvaluator(model).run(None, {}))
-        except Exception:  # noqa: BLE001 - then it is not folded
+        outputs = evaluate_node(node, values, self.producer_opsets.get(name, self.opset) or 11)
+        if outputs is None:
             return None
-        index = list(node.output).index(name)
-        result = np.asarray(outputs[index])
+        result = outputs[list(node.output).index(name)]
         return result if result.size <= _FOLD_LIMIT else None
 
     def learn(self, graph: onnx.GraphProto) -> None:
@@ -215,6 +201,27 @@ class _Facts:
                     self.constants[node.output[0]] = numpy_helper.to_array(value)
                     self.types[node.output[0]] = value.data_type
                     self.shapes[node.output[0]] = tuple(value.dims)
+
+
+def evaluate_node(node: onnx.NodeProto, values: list[np.ndarray | None], opset: int
+                  ) -> list[np.ndarray] | None:
+    """The outputs of ``node`` (every output named) on constant input ``values`` (None for
+    an absent input), by ONNX's reference evaluator at ``opset``; None if it cannot."""
+    from onnx.reference import ReferenceEvaluator
+
+    single = onnx.NodeProto()
+    single.CopyFrom(node)
+    single.input[:] = [f"in{i}" if n else "" for i, n in enumerate(node.input)]
+    single.output[:] = [f"out{i}" for i in range(len(node.output))]
+    inits = [numpy_helper.from_array(np.asarray(v), f"in{i}") for i, v in enumerate(values)
+             if v is not None]
+    model = helper.make_model(helper.make_graph(
+        [single], "fold", [], [onnx.ValueInfoProto(name=o) for o in single.output], inits),
+        opset_imports=[helper.make_opsetid("", opset)])
+    try:
+        return [np.asarray(v) for v in ReferenceEvaluator(model).run(None, {})]
+    except Exception:  # noqa: BLE001 - then the caller keeps the node
+        return None
 
 
 class Site:
