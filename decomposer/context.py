@@ -144,10 +144,6 @@ class TypeTables:
         self._tables = tables
         return tables
 
-    def main_types(self) -> dict[str, onnx.TypeProto]:
-        """The main graph's table (inferred and declared types), by name."""
-        return self._table(MAIN_NAMESPACE)
-
     def _table(self, namespace: str) -> dict[str, onnx.TypeProto]:
         return self._load().setdefault(namespace, {})
 

@@ -442,8 +442,8 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             except InvalidModelError:
                 if not _drop_stale_value_info(out, schema_classifier, report, set()):
                     raise
-        type_hints = TypeTables(model).main_types()
-        _take_down(out, target_opset, report, registry)
+        type_hints = {}
+        _take_down(out, target_opset, report, registry, type_hints)
         opsets = opset_map(list(out.opset_import))
     elif not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
@@ -519,7 +519,7 @@ def _check_target_opset(target_opset: int | None) -> None:
 
 
 def _take_down(out: onnx.ModelProto, target_opset: int, report: Report,
-               registry: Registry) -> None:
+               registry: Registry, source_types: dict[str, onnx.TypeProto]) -> None:
     """Standard ops down to ``target_opset`` (decomposer.opsets); what the target cannot
     say stops the run whatever ``allow_unsupported`` says: no engine could read it."""
     report.source_opset = report.opset
@@ -527,7 +527,7 @@ def _take_down(out: onnx.ModelProto, target_opset: int, report: Report,
     def has_pattern(op_type: str) -> bool:
         return registry.lookup(onnx.helper.make_node(op_type, [], [])) is not None
 
-    refusals = take_down(out, target_opset, has_pattern)
+    refusals = take_down(out, target_opset, has_pattern, source_types)
     report.taken_down = True
     if refusals:
         issues = [NodeIssue(r.name, r.op_type, "", r.graph, r.describe(target_opset))

@@ -312,13 +312,16 @@ Adapter = Callable[[Site], None]
 
 
 def take_down(model: onnx.ModelProto, target: int,
-              has_pattern: Callable[[str], bool] = lambda op_type: False) -> list[Refusal]:
+              has_pattern: Callable[[str], bool] = lambda op_type: False,
+              source_types: dict[str, onnx.TypeProto] | None = None) -> list[Refusal]:
     """Rewrite ``model`` in place for default-domain opset ``target`` (see the module
     docstring). Returns what could not go down; ``model`` is at ``target`` either way.
 
     ``has_pattern(op_type)`` says whether a registered pattern lowers a default-domain op;
     an op the target lacks that no pattern lowers is replaced by ONNX's own function body
-    for it, where its schema has one, and the body taken down in turn."""
+    for it, where its schema has one, and the body taken down in turn. ``source_types``,
+    if given, receives the tensor types that shape inference found at the model's own
+    opset (the target's inference can know less: a Reshape to a Shape before 13)."""
     source = default_opset(model)
     if source is None or target >= source:
         return []
@@ -341,6 +344,11 @@ def take_down(model: onnx.ModelProto, target: int,
         model.CopyFrom(inlined)
     facts = _infer(model)
     facts.opset = source
+    if source_types is not None:
+        for name, elem in facts.types.items():
+            shape = facts.shapes.get(name)
+            source_types[name] = helper.make_tensor_type_proto(
+                elem, None if shape is None else list(shape))
     read_before = _reads(model)
     for graph, label in _graphs(model.graph, "main graph", facts.written):
         _take_down_nodes(graph.node, source, target, facts, fresh, label, refusals,
