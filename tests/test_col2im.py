@@ -80,3 +80,23 @@ def test_run_time_image_shape_is_refused():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     with pytest.raises(decomposer.UnsupportedNodeError, match="must be constants"):
         decomposer.decompose(model, target_opset=17)
+
+
+def portability_cases():
+    """Col2Im (opset 18) at 17: 3x3 blocks, stride 2, pads 1; torch's fold the oracle."""
+    rng = np.random.default_rng(14)
+    image, kernel, pads, strides = (7, 9), (3, 3), (1, 1, 1, 1), (2, 2)
+    x = _columns(rng, 2, 3, image, kernel, (1, 1), pads, strides)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", *x.shape[1:]])]
+    node = helper.make_node("Col2Im", ["x", "image", "block"], ["y"], pads=list(pads),
+                            strides=list(strides))
+    graph = helper.make_graph([node], "col2im", inputs, [helper.make_tensor_value_info(
+        "y", TensorProto.FLOAT, ["n", 3, *image])],
+        [helper.make_tensor("image", TensorProto.INT64, [2], image),
+         helper.make_tensor("block", TensorProto.INT64, [2], kernel)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    arrays = [x, x[:1] * 2]
+    fold = [F.fold(torch.from_numpy(a), image, kernel, padding=1, stride=2).numpy()
+            for a in arrays]
+    return [{"id": "Col2Im below 18", "model": model, "feeds": [{"x": a} for a in arrays],
+             "expected": [[f] for f in fold], "atol": 1e-5}]

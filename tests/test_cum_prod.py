@@ -75,3 +75,17 @@ def test_target_opset_from_26():
     data = np.random.default_rng(0).uniform(0.5, 2, (4, 6)).astype(np.float32)
     (got,) = run_onnxruntime(out, {"x": data})
     np.testing.assert_allclose(got, torch_cumprod(data, 1, reverse=1), rtol=1e-6)
+
+
+def portability_cases():
+    """CumProd (opset 26) at 17, exclusive and reversed, torch as the oracle."""
+    rng = np.random.default_rng(12)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])
+    graph = helper.make_graph(
+        [helper.make_node("CumProd", ["x", "axis"], ["y"], exclusive=1, reverse=1)], "cp",
+        [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor("axis", TensorProto.INT64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    inputs = [rng.uniform(0.5, 1.5, (rows, 6)).astype(np.float32) for rows in (3, 1)]
+    return [{"id": "CumProd below 26", "model": model, "feeds": [{"x": a} for a in inputs],
+             "expected": [[torch_cumprod(a, 1, 1, 1)] for a in inputs], "atol": 1e-5}]

@@ -124,3 +124,34 @@ def test_stft_against_torch(onesided, windowed):
     (got,) = run_onnxruntime(out, {"x": signal})
     np.testing.assert_allclose(got, oracle(signal, step, None, frame, onesided), atol=2e-5,
                                rtol=1e-4)
+
+
+def portability_cases():
+    """DFT (one-sided) and STFT (windowed) at 13, torch.fft / torch.stft as the oracles."""
+    rng = np.random.default_rng(13)
+    signal = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 32, 1])
+    dft = helper.make_model(helper.make_graph(
+        [helper.make_node("DFT", ["x"], ["y"], axis=1, onesided=1)], "dft", [signal],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 17, 2])]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    window = np.hanning(16).astype(np.float32)
+    stft = helper.make_model(helper.make_graph(
+        [helper.make_node("STFT", ["x", "step", "w"], ["y"])], "stft", [signal],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 5, 9, 2])],
+        [helper.make_tensor("step", TensorProto.INT64, [], [4]),
+         onnx.numpy_helper.from_array(window, "w")]),
+        opset_imports=[helper.make_opsetid("", 13)])
+    inputs = [rng.standard_normal((rows, 32, 1)).astype(np.float32) for rows in (2, 1)]
+
+    def spectrogram(x):
+        spectrum = torch.stft(torch.from_numpy(x[..., 0].astype(np.float64)), n_fft=16,
+                              hop_length=4, win_length=16,
+                              window=torch.from_numpy(window.astype(np.float64)),
+                              center=False, onesided=True, return_complex=True)
+        return torch.stack([spectrum.real, spectrum.imag], -1).transpose(1, 2).numpy()
+
+    return [{"id": "DFT below 17", "model": dft, "feeds": [{"x": a} for a in inputs],
+             "expected": [[torch_dft(a, axis=1, onesided=1)] for a in inputs], "atol": 1e-4},
+            {"id": "STFT below 17", "model": stft, "feeds": [{"x": a} for a in inputs],
+             "expected": [[spectrogram(a).astype(np.float32)] for a in inputs],
+             "atol": 1e-4}]

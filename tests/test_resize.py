@@ -78,3 +78,15 @@ def test_refusals_name_the_reason():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
     with pytest.raises(decomposer.UnsupportedNodeError, match="computed at run time"):
         decomposer.decompose(model, lower=["Resize"])
+
+
+def portability_cases():
+    """--lower Resize: antialiased bilinear at opset 18 as MatMuls; ONNX's reference is the
+    oracle (torch's antialias is another filter)."""
+    model = _model({"mode": "linear", "antialias": 1}, [1.0, 1.0, 0.5, 0.375], None, 18)
+    rng = np.random.default_rng(16)
+    arrays = [rng.standard_normal((rows, 3, 8, 12)).astype(np.float32) for rows in (2, 1)]
+    reference = ReferenceEvaluator(model)
+    return [{"id": "Resize antialias, lowered", "model": model, "lower": ["Resize"],
+             "feeds": [{"x": a} for a in arrays],
+             "expected": [[reference.run(None, {"x": a})[0]] for a in arrays], "atol": 1e-5}]
