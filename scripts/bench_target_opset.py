@@ -3,7 +3,8 @@
 In: one model per op at the opset that defines it (the op, then a Neg, as the op feeds
 the next layer in a model) (LayerNormalization,
 GroupNormalization, RMSNormalization, Gelu both approximations, Mish, HardSwish,
-RotaryEmbedding, Attention, BitwiseAnd, CenterCropPad), fed typical activation sizes.
+RotaryEmbedding, Attention, BitwiseAnd of two tensors and with a constant 0x0F mask,
+CenterCropPad), fed typical activation sizes.
 Out: per op and target, the median time of the lowered model over the native one (ONNX
 Runtime 1.32 CPU, 1 thread, spinning off, interleaved rounds in shuffled order, medians),
 and the largest difference between the two outputs.
@@ -83,6 +84,10 @@ def cases() -> dict[str, Case]:
     found["BitwiseAnd"] = (_single("BitwiseAnd", 18, [("a", TensorProto.INT32, [256, 1024]),
                                                       ("b", TensorProto.INT32, [256, 1024])],
                                    [("y", TensorProto.INT32)]), {"a": ints, "b": ints[::-1]})
+    # the common form in models: a constant low-bit mask (int4 unpacking, x & 0x0F)
+    found["BitwiseAnd 0x0F"] = (_single(
+        "BitwiseAnd", 18, [("a", TensorProto.INT32, [256, 1024])], [("y", TensorProto.INT32)],
+        [onnx.numpy_helper.from_array(np.array(15, np.int32), "mask")]), {"a": ints})
     cos = rng.normal(size=(128, 16)).astype(np.float32)
     positions = np.tile(np.arange(128, dtype=np.int64), (2, 1))
     rotary_in = rng.normal(size=(2, 4, 128, 32)).astype(np.float32)
