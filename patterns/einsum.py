@@ -17,12 +17,18 @@ MatMul broadcasts. The sums are MatMul's and ReduceSum's, in their order (not nu
 agreement to float rounding). A letter repeated within one operand (a diagonal, ``"ii->i"``)
 is its diagonal (the elements off it set to 0 by a Where, then summed away).
 
+The Reshapes are skipped where each group is one dim already, and their targets are
+constants wherever the sizes allow (static products, 0 for a dim that keeps its place, one
+-1); a target computed from Shape is the last resort, as is a diagonal mask from a run-time
+Range: TVM 0.27 runs neither (measured), ONNX Runtime and OpenVINO run both.
+
 Envelope: opset 11+; float16/32/64, int32/int64, uint32/uint64 (the types MatMul takes);
 every operand's rank known; dims dynamic.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,6 +49,21 @@ class Facts(NamedTuple):
     elem_type: int
     terms: tuple[str, ...]  # per operand, with the ellipsis spelled as digits
     output: str
+    # the static size of each letter where every operand agrees on it; None if any is not
+    # static or they differ (a broadcast)
+    sizes: tuple[tuple[str, int | None], ...] = ()
+
+
+def letter_sizes(terms: Sequence[str], shapes: Sequence[tuple[object, ...]]
+                 ) -> tuple[tuple[str, int | None], ...]:
+    found: dict[str, int | None] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        for letter, dim in zip(term, shape, strict=True):
+            size = dim if isinstance(dim, int) and dim >= 0 else None
+            if letter in found and found[letter] != size:
+                size = None
+            found[letter] = size
+    return tuple(sorted(found.items()))
 
 
 def parse(equation: str, ranks: list[int]) -> tuple[list[str], str]:
@@ -100,27 +121,29 @@ class Einsum(Pattern[Facts]):
         if not names or any(not name for name in names):
             raise Reject("every operand must be given")
         elem_type = require_type(ctx, names[0], "operand 0", _TYPES)
-        ranks = []
+        shapes = []
         for index, name in enumerate(names):
             require_type(ctx, name, f"operand {index}", (elem_type,))
-            ranks.append(len(require_shape(ctx, name, f"operand {index}", "for the equation")))
+            shapes.append(tuple(require_shape(ctx, name, f"operand {index}",
+                                              "for the equation")))
         equation = node.args["equation"]
         text = equation.decode() if isinstance(equation, bytes) else str(equation)
-        terms, output = parse(text, ranks)
-        return Facts(elem_type, tuple(terms), output)
+        terms, output = parse(text, [len(shape) for shape in shapes])
+        return Facts(elem_type, tuple(terms), output, letter_sizes(terms, shapes))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         dtype = numpy_dtype(facts.elem_type)
         values, terms = [], []
         for index, (name, term) in enumerate(zip(node.inputs, facts.terms, strict=True)):
-            value, term = _diagonals(b, b.input(name, dtype), term, dtype, f"in{index}")
+            value, term = _diagonals(b, b.input(name, dtype), term, dtype, f"in{index}",
+                                     dict(facts.sizes))
             values.append(value)
             terms.append(term)
         current, term = values[0], terms[0]
         for index in range(1, len(values)):
             later = "".join(terms[index + 1:]) + facts.output
             current, term = _contract(b, current, term, values[index], terms[index], later,
-                                      index)
+                                      index, dict(facts.sizes))
         current, term = _sum_out(b, current, term, facts.output, "final")
         perm = [term.index(c) for c in facts.output]
         if perm != list(range(len(perm))):
@@ -138,16 +161,28 @@ class Einsum(Pattern[Facts]):
         return [np.asarray(np.einsum(text, *inputs)).astype(inputs[0].dtype)]
 
 
-def _diagonals(b: Builder, x: Value, term: str, dtype: np.dtype, hint: str
-               ) -> tuple[Value, str]:
+def _diagonals(b: Builder, x: Value, term: str, dtype: np.dtype, hint: str,
+               sizes: dict[str, int | None]) -> tuple[Value, str]:
     """``x`` with each letter repeated in ``term`` reduced to its diagonal: the elements off
-    it replaced by 0 (Where, not a product: inf and NaN stay put), then summed away."""
+    it replaced by 0 (Where, not a product: inf and NaN stay put), then summed away. The
+    mask is a constant when the letter's size is static (TVM cannot run a Where over a
+    mask from a run-time Range, measured)."""
     while True:
         repeated = next((c for c in term if term.count(c) > 1), None)
         if repeated is None:
             return x, term
         first = term.index(repeated)
         second = term.index(repeated, first + 1)
+        static = sizes.get(repeated)
+        if static is not None:
+            mask_shape = [1] * len(term)
+            mask_shape[first] = mask_shape[second] = static
+            eye = np.eye(static, dtype=bool).reshape(mask_shape)
+            kept = b.Where(b.const(eye, hint=f"{hint}_on_diagonal"), x, np.zeros((), dtype),
+                           hint=f"{hint}_diagonal_only")
+            x = b.ReduceSum(kept, [second], keepdims=False, hint=f"{hint}_diagonal")
+            term = term[:second] + term[second + 1:]
+            continue
         size = b.Gather(b.Shape(x, hint=f"{hint}_shape"), first, hint=f"{hint}_n")
         rows = b.Range(0, size, 1, hint=f"{hint}_rows")
         shape = [1] * len(term)
@@ -172,7 +207,7 @@ def _sum_out(b: Builder, x: Value, term: str, keep: str, hint: str) -> tuple[Val
 
 
 def _contract(b: Builder, a: Value, a_term: str, c: Value, c_term: str, keep: str,
-              index: int) -> tuple[Value, str]:
+              index: int, sizes: dict[str, int | None]) -> tuple[Value, str]:
     """a * c summed over their shared letters that ``keep`` (the output and the operands
     still to come) does not name; the result's term: batch, a's kept, c's kept letters."""
     a, a_term = _sum_out(b, a, a_term, keep + c_term, f"a{index}")
@@ -188,26 +223,62 @@ def _contract(b: Builder, a: Value, a_term: str, c: Value, c_term: str, keep: st
     c_t = _permute(b, c, c_term, c_order, f"b{index}")
     nb = len(batch)
     # (batch, L, K) @ (batch, K, R); the batch dims stay (MatMul broadcasts them)
-    a_shape = b.Shape(a_t, hint=f"a{index}_shape")
-    c_shape = b.Shape(c_t, hint=f"b{index}_shape")
-    a_flat = b.Reshape(a_t, b.Concat(
-        b.Shape(a_t, 0, nb, hint=f"a{index}_batch"),
-        _product(b, a_shape, nb, nb + len(left), f"a{index}_rows"),
-        _product(b, a_shape, nb + len(left), len(a_order), f"a{index}_inner"),
-        axis=0, hint=f"a{index}_flat_shape"), hint=f"a{index}_flat")
-    c_flat = b.Reshape(c_t, b.Concat(
-        b.Shape(c_t, 0, nb, hint=f"b{index}_batch"),
-        _product(b, c_shape, nb, nb + len(contracted), f"b{index}_inner"),
-        _product(b, c_shape, nb + len(contracted), len(c_order), f"b{index}_cols"),
-        axis=0, hint=f"b{index}_flat_shape"), hint=f"b{index}_flat")
+    a_flat = _flatten(b, a_t, nb, left, contracted, sizes, f"a{index}")
+    c_flat = _flatten(b, c_t, nb, contracted, right, sizes, f"b{index}")
     product = b.MatMul(a_flat, c_flat, hint=f"contract{index}")
+    term = "".join(batch + left + right)
+    if len(left) == 1 and len(right) == 1:
+        return product, term
+    # the left letter of one keeps its place (0 copies it); the others are static or -1
+    target = _constant_target(nb, [(sizes.get(x), len(left) == 1 and x in left)
+                                   for x in left + right])
+    if target is not None:
+        return b.Reshape(product, target, hint=f"unflat{index}"), term
     result_shape = b.Concat(
         b.Shape(product, 0, nb, hint=f"out{index}_batch"),
         b.Shape(a_t, nb, nb + len(left), hint=f"out{index}_left"),
         b.Shape(c_t, nb + len(contracted), len(c_order), hint=f"out{index}_right"),
         axis=0, hint=f"out{index}_shape")
-    return b.Reshape(product, result_shape, hint=f"unflat{index}"), \
-        "".join(batch + left + right)
+    return b.Reshape(product, result_shape, hint=f"unflat{index}"), term
+
+
+def _constant_target(nb: int, dims: list[tuple[int | None, bool]]) -> np.ndarray | None:
+    """A constant Reshape target for ``nb`` batch dims (0: copied) and ``dims``, each a
+    (static size or None, whether 0 may copy it) pair; None if more than one would be -1.
+    TVM cannot Reshape to a shape computed from Shape (measured), so the computed target
+    is the last resort."""
+    target = [0] * nb
+    for size, copies in dims:
+        if size == 0:
+            return None  # 0 would copy, not say 0
+        target.append(size if size is not None else 0 if copies else -1)
+    return np.array(target, np.int64) if target.count(-1) <= 1 else None
+
+
+def _flatten(b: Builder, x: Value, nb: int, first: list[str], second: list[str],
+             sizes: dict[str, int | None], hint: str) -> Value:
+    """``x`` (batch dims, the letters of ``first``, then of ``second``) as (batch,
+    prod(first), prod(second))."""
+    if len(first) == 1 and len(second) == 1:
+        return x
+    dims = []
+    for place, group in enumerate((first, second)):
+        known = [sizes.get(c) for c in group]
+        static = int(np.prod([k for k in known if k is not None], dtype=np.int64)) \
+            if all(k is not None for k in known) else None
+        # a dynamic group of one letter that sits where it stays: copied by 0
+        copies = len(group) == 1 and (place == 0 or len(first) == 1)
+        dims.append((static, copies))
+    target = _constant_target(nb, dims)
+    if target is not None:
+        return b.Reshape(x, target, hint=f"{hint}_flat")
+    shape = b.Shape(x, hint=f"{hint}_shape")
+    split = nb + len(first)
+    return b.Reshape(x, b.Concat(
+        b.Shape(x, 0, nb, hint=f"{hint}_batch"),
+        _product(b, shape, nb, split, f"{hint}_first"),
+        _product(b, shape, split, split + len(second), f"{hint}_second"),
+        axis=0, hint=f"{hint}_flat_shape"), hint=f"{hint}_flat")
 
 
 def _permute(b: Builder, x: Value, term: str, order: list[str], hint: str) -> Value:

@@ -26,6 +26,10 @@ EQUATIONS = [
     ("bii->bi", [(2, 3, 3)], [(1, 4, 4)]),
     ("ij,kj", [(2, 3), (4, 3)], [(1, 5), (2, 5)]),
     ("bhqd,bhkd->bhqk", [(2, 2, 3, 4), (2, 2, 5, 4)], [(1, 1, 2, 3), (1, 1, 2, 3)]),
+    # groups of several letters flattened (constant targets where static, -1/0 else)
+    ("abc,cd->abd", [(2, 3, 4), (4, 5)], [(1, 2, 3), (3, 2)]),
+    ("abcd,cde->abe", [(2, 3, 4, 5), (4, 5, 6)], [(1, 1, 2, 2), (2, 2, 3)]),
+    ("ab,cd->abcd", [(2, 3), (4, 5)], [(1, 2), (3, 1)]),
 ]
 
 
@@ -49,7 +53,9 @@ def test_against_torch_einsum(equation, shapes, more):
 
         expected_rank = oracle(*first).ndim
         cases = [Case(first, {"equation": equation}, symbolic="all", more_inputs=[second],
-                      output_rank=expected_rank, id=dtype.__name__)]
+                      output_rank=expected_rank, id=dtype.__name__),
+                 Case(second, {"equation": equation}, output_rank=expected_rank,
+                      id=f"{dtype.__name__} static")]
         tolerance = 0 if np.issubdtype(dtype, np.integer) else 1e-5
         check_pattern(Einsum(), cases, opsets=[11], domain="", oracle=oracle,
                       atol=tolerance, rtol=tolerance)
@@ -83,9 +89,13 @@ def portability_cases():
     c = helper.make_tensor_value_info("c", TensorProto.FLOAT, ["n", 3, 3])
     graph = helper.make_graph(
         [helper.make_node("Einsum", ["a", "b"], ["y"], equation="...ij,jk->...ik"),
-         helper.make_node("Einsum", ["c"], ["d"], equation="bii->bi")], "einsum", [a, b, c],
+         helper.make_node("Einsum", ["c"], ["d"], equation="bii->bi"),
+         # two letters flattened, one of them dynamic: a -1 target
+         helper.make_node("Einsum", ["a", "b"], ["z"], equation="abc,cd->abd")],
+        "einsum", [a, b, c],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 5]),
-         helper.make_tensor_value_info("d", TensorProto.FLOAT, ["n", 3])])
+         helper.make_tensor_value_info("d", TensorProto.FLOAT, ["n", 3]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3, 5])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     feeds, expected = [], []
     for rows in (2, 1):
@@ -95,9 +105,7 @@ def portability_cases():
         feeds.append(values)
         t = {k: torch.from_numpy(v) for k, v in values.items()}
         expected.append([torch.einsum("...ij,jk->...ik", t["a"], t["b"]).numpy(),
-                         torch.einsum("bii->bi", t["c"]).numpy()])
+                         torch.einsum("bii->bi", t["c"]).numpy(),
+                         torch.einsum("abc,cd->abd", t["a"], t["b"]).numpy()])
     return [{"id": "Einsum at 11", "model": model, "feeds": feeds, "expected": expected,
-             "atol": 1e-5, "skip": {
-                 "tvm": "TVM 0.27 cannot Reshape to a shape computed from Shape and "
-                        "ReduceProd (\"Reshape requires the input new shape to be Shape\", "
-                        "\"cannot handle ShapeExpr inputs\", measured)"}}]
+             "atol": 1e-5}]
