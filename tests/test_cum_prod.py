@@ -10,7 +10,7 @@ import torch
 from onnx import TensorProto, helper
 
 import decomposer
-from decomposer.patterns.cum_prod import CumProd
+from decomposer.patterns.cum_prod import SEQUENTIAL_LIMIT, CumProd
 from decomposer.testing import Case, check_pattern, run_onnxruntime
 
 
@@ -46,10 +46,37 @@ def test_against_torch(dtype, exclusive, reverse):
     cases.append(Case([values((9,)), np.array(0, np.int64)], {"exclusive": exclusive,
                                                              "reverse": reverse},
                       constant_inputs=[1], id="length 9"))
+    # past SEQUENTIAL_LIMIT: the doubling scan; and a length of one
+    cases.append(Case([values((2, 300)), np.array(1, np.int64)], {"exclusive": exclusive,
+                                                                 "reverse": reverse},
+                      constant_inputs=[1], id="length 300"))
+    cases.append(Case([values((3, 1)), np.array(1, np.int64)], {"exclusive": exclusive,
+                                                               "reverse": reverse},
+                      constant_inputs=[1], id="length 1"))
     tolerance = 0 if np.issubdtype(dtype, np.integer) else 1e-6
     check_pattern(CumProd(), cases, opsets=[11, 13, 17, 25], domain="",
                   oracle=lambda x, axis, exclusive=0, reverse=0: torch_cumprod(
                       x, int(axis), exclusive, reverse), atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_unrolled_scan_equals_numpy_bit_for_bit(reverse):
+    """Up to SEQUENTIAL_LIMIT steps the products are taken left to right, numpy's order
+    (torch's kernel differs from both in the last bit)."""
+    assert SEQUENTIAL_LIMIT >= 200
+    rng = np.random.default_rng(11)
+    data = rng.uniform(0.9, 1.1, (4, 200, 3)).astype(np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 200, 3])
+    graph = helper.make_graph(
+        [helper.make_node("CumProd", ["x", "axis"], ["y"], reverse=reverse)], "g", [x],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 200, 3])],
+        [helper.make_tensor("axis", TensorProto.INT64, [], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 26)])
+    (got,) = run_onnxruntime(decomposer.decompose(model, target_opset=17), {"x": data})
+    flipped = np.flip(data, 1) if reverse else data
+    sequential = np.cumprod(flipped, axis=1)
+    np.testing.assert_array_equal(got, np.flip(sequential, 1) if reverse else sequential)
+    np.testing.assert_allclose(got, torch_cumprod(data, 1, reverse=reverse), rtol=1e-6)
 
 
 def test_run_time_axis_is_refused_with_the_reason():
