@@ -23,7 +23,9 @@ def _columns(rng, batch, channels, image, kernel, dilations, pads, strides):
 
 
 @pytest.mark.parametrize("kernel, dilations, pad, strides", [
-    ((3, 3), (1, 1), 0, (1, 1)), ((2, 3), (2, 1), 1, (1, 2)), ((3, 2), (1, 1), 2, (2, 3))])
+    ((3, 3), (1, 1), 0, (1, 1)), ((2, 3), (2, 1), 1, (1, 2)), ((3, 2), (1, 1), 2, (2, 3)),
+    # stride 1 (the skewed-sum form): dilated, padded, a kernel the image's size
+    ((3, 3), (2, 3), 1, (1, 1)), ((5, 2), (1, 1), 2, (1, 1)), ((7, 9), (1, 1), 0, (1, 1))])
 def test_2d_against_torch_fold(kernel, dilations, pad, strides):
     rng = np.random.default_rng(sum(kernel) + pad)
     image = (7, 9)
@@ -49,6 +51,10 @@ def test_2d_against_torch_fold(kernel, dilations, pad, strides):
     ((10,), (3,), (2,), (1, 0), (2,)),
     ((5, 4, 6), (2, 2, 3), (1, 1, 1), (0, 1, 0, 1, 0, 2), (1, 2, 1)),
     ((6, 5), (2, 2), (1, 2), (1, 0, 0, 2), (1, 1)),
+    # stride 1 (the skewed-sum form) in 1-D and 3-D, dilated, asymmetric pads
+    ((10,), (3,), (3,), (2, 1), (1,)),
+    ((4, 5, 6), (2, 3, 2), (1, 2, 3), (1, 0, 0, 1, 2, 0), (1, 1, 1)),
+    ((3, 1, 2), (1, 1, 2), (1, 1, 1), (0, 0, 0, 0, 0, 0), (1, 1, 1)),
 ])
 def test_against_onnx_reference(image, kernel, dilations, pads, strides):
     rng = np.random.default_rng(len(image))
