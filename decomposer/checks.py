@@ -20,6 +20,11 @@ _TYPE_FIX = "give it a typed graph input or value_info"
 
 Shape = tuple[int | str | None, ...]
 
+# The most elements a pattern builds into one constant (index tables, per-value maps,
+# interpolation matrices) from a node's attributes and static shapes: 2**26 (256 MiB of
+# float32). A model whose sizes ask for more is refused before anything is allocated.
+MAX_CONSTANT_ELEMENTS = 2 ** 26
+
 
 class _Context(Protocol):
     def shape(self, name: str) -> Shape | None: ...
@@ -42,6 +47,15 @@ def type_name(elem_type: int | None) -> str:
 def _listed(types: Collection[int]) -> str:
     names = [type_name(t) for t in types]
     return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
+def require_size(elements: int, label: str) -> int:
+    """``elements`` if a constant that large may be built, else Reject naming ``label`` (what
+    the constant would hold) and the limit."""
+    if elements > MAX_CONSTANT_ELEMENTS:
+        raise Reject(f"{label} would need {elements:,} values in a constant; the limit is "
+                     f"{MAX_CONSTANT_ELEMENTS:,} (the node's sizes are implausible)")
+    return elements
 
 
 def require_type(ctx: _Context, name: str, label: str, allowed: Collection[int],

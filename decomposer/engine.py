@@ -228,6 +228,12 @@ class _Rewriter:
         except Reject as why:
             reject(f"pattern {pattern.name}: {why}")
             return False
+        except MemoryError:
+            # a pattern that sized a constant from implausible attributes or shapes (each
+            # should bound them first: checks.require_size); the model is at fault, not us
+            reject(f"pattern {pattern.name}: the node's sizes ask for more memory than this "
+                   "machine has for the constants it would build")
+            return False
         except Exception as exc:
             raise PatternBugError(
                 f"pattern {pattern.name} failed on node '{node.name}' "

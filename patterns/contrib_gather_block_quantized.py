@@ -13,8 +13,12 @@ and, unlike ONNX Gather, an index out of [-V, V) gives a row of zeros.
 ``output[i..., e] = (q[row, e] - zero_point[row, e // block_size]) * scale[row, e //
 block_size]`` with ``row`` the index, shape ``indices.shape + (E,)``.
 
-Refused with the reason: int4/uint4 and FP8/FP4 typed data (other storage types, not
-pinned here yet), other axes.
+int4/uint4-typed data (V, E), as 4-bit weight quantization writes it, is decomposed when it
+is an initializer: its values are repacked at decompose time into the uint8 form (a signed
+value v stored as v + 8 and its zero point z as z + 8; the default zero point is 0 for both
+types, measured on ONNX Runtime 1.32), since no op below opset 21 reads int4 at run time.
+Refused with the reason: int4 data computed at run time, FP8/FP4 typed data, other axes,
+and sizes past ``checks.MAX_CONSTANT_ELEMENTS`` (before anything is allocated).
 
 Before -> after::
 
@@ -31,10 +35,12 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
-from decomposer.checks import require_shape, require_type
+from decomposer.checks import require_shape, require_size, require_type
 from decomposer.examples import I64, Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
@@ -50,6 +56,31 @@ class Facts(NamedTuple):
     width: int  # E
     blocks: int  # E / block_size
     index_rank: int
+    # int4/uint4 data (an initializer): its values and zero points repacked in the uint8
+    # form (4-bit unsigned nibbles, low first, zero points always given)
+    repacked: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def pack_nibbles(values: np.ndarray) -> np.ndarray:
+    """(rows, n) integers 0..15 -> (rows, ceil(n / 2)) uint8, each row packed low nibble
+    first on its own (the uint8 form's layout)."""
+    rows, n = values.shape
+    padded = np.zeros((rows, n + n % 2), np.uint8)
+    padded[:, :n] = values
+    return (padded[:, 0::2] | (padded[:, 1::2] << 4)).astype(np.uint8)
+
+
+def repack_4bit(data: np.ndarray, zero_points: np.ndarray | None, signed: bool, block: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """int4/uint4 (V, E) values and (V, E / block) zero points (ONNX Runtime's default: 0
+    for both types, measured) as the uint8 form: a signed value v is stored as v + 8 and its
+    zero point z as z + 8, so (v + 8) - (z + 8) = v - z."""
+    shift = 8 if signed else 0
+    values = data.astype(np.int16) + shift
+    blocks = data.shape[1] // block
+    zero = np.zeros((data.shape[0], blocks), np.int16) if zero_points is None \
+        else zero_points.astype(np.int16)
+    return pack_nibbles(values), pack_nibbles(zero + shift)
 
 
 class GatherBlockQuantized(Pattern[Facts]):
@@ -67,9 +98,10 @@ class GatherBlockQuantized(Pattern[Facts]):
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         args = node.args
         bits, block = int(args["bits"]), int(args["block_size"])
-        if require_type(ctx, node.tensor("data"), "data",
-                        (U8, TensorProto.INT4, TensorProto.UINT4)) != U8:
-            raise Reject("int4/uint4 data is not decomposed yet (only the uint8 form)")
+        data_type = require_type(ctx, node.tensor("data"), "data",
+                                 (U8, TensorProto.INT4, TensorProto.UINT4))
+        if data_type != U8:
+            return self._check_4bit(node, ctx, data_type, block)
         if bits not in (2, 4, 8):
             raise Reject(f"bits = {bits}: uint8 data takes 2, 4 or 8")
         if block < 16 or block & (block - 1):
@@ -79,7 +111,7 @@ class GatherBlockQuantized(Pattern[Facts]):
             raise Reject("only gather_axis 0 and quantize_axis 1 (uint8 data) are decomposed")
         if not isinstance(data[1], int):
             raise Reject("the packed row width must be static")
-        width = data[1] * 8 // bits
+        width = require_size(data[1] * 8 // bits, "the row's per-value block index")
         if width % block:
             raise Reject(f"the row width {width} is not a multiple of block_size {block}")
         elem_type = require_type(ctx, node.tensor("scales"), "scales", _OUT)
@@ -92,12 +124,50 @@ class GatherBlockQuantized(Pattern[Facts]):
         indices = require_shape(ctx, node.tensor("indices"), "indices", "its rank")
         return Facts(elem_type, width, width // block, len(indices))
 
+    def _check_4bit(self, node: MatchedNode, ctx: MatchContext, data_type: int, block: int
+                    ) -> Facts:
+        """int4/uint4 data: a (V, E) initializer, repacked here (no op below opset 21 reads
+        an int4 tensor at run time)."""
+        if node.args["gather_axis"] != 0 or node.args["quantize_axis"] not in (1, -1):
+            raise Reject("only gather_axis 0 and quantize_axis 1 are decomposed")
+        if block < 16 or block & (block - 1):
+            raise Reject(f"block_size = {block} must be a power of 2 >= 16 (the schema)")
+        data = ctx.weight(node.tensor("data"))
+        if data is None or data.ndim != 2:
+            raise Reject("int4/uint4 data must be a 2-D initializer (no op below opset 21 "
+                         "reads int4 at run time)")
+        require_size(int(data.size), "the repacked int4 table")
+        width = data.shape[1]
+        if width % block:
+            raise Reject(f"the row width {width} is not a multiple of block_size {block}")
+        zero = None
+        if node.tensor("zero_points"):
+            require_type(ctx, node.tensor("zero_points"), "zero_points", (data_type,))
+            zero = ctx.weight(node.tensor("zero_points"))
+            if zero is None or zero.shape != (data.shape[0], width // block):
+                raise Reject("int4/uint4 zero_points must be an initializer of shape "
+                             "(V, E / block_size)")
+        elem_type = require_type(ctx, node.tensor("scales"), "scales", _OUT)
+        if elem_type == TensorProto.BFLOAT16 and ctx.opset < 13:
+            raise Reject("bfloat16 needs opset 13")
+        require_type(ctx, node.tensor("indices"), "indices",
+                     (TensorProto.INT32, TensorProto.INT64))
+        indices = require_shape(ctx, node.tensor("indices"), "indices", "its rank")
+        return Facts(elem_type, width, width // block, len(indices),
+                     repack_4bit(data, zero, data_type == TensorProto.INT4, block))
+
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         args = node.args
         bits, block = int(args["bits"]), int(args["block_size"])
+        data: str | Value = node.tensor("data")
+        zero_source: str | Value | None = node.tensor("zero_points") or None
+        if facts.repacked is not None:
+            bits = 4
+            data = b.weight(onnx.numpy_helper.from_array(facts.repacked[0]), hint="data_u8")
+            zero_source = b.weight(onnx.numpy_helper.from_array(facts.repacked[1]),
+                                   hint="zero_points_u8")
         f32 = np.dtype(np.float32)
         original = numpy_dtype(facts.elem_type)
-        data = node.tensor("data")
         count = b.Gather(b.Shape(data, hint="table_shape"), [0], hint="rows")  # (1,) V
         index = b.Cast(node.tensor("indices"), np.int64, hint="index_i64")
         row = b.Where(b.Less(index, np.array(0, np.int64), hint="negative"),
@@ -113,8 +183,8 @@ class GatherBlockQuantized(Pattern[Facts]):
         per_value = np.arange(facts.width, dtype=np.int64) // block
         scale = b.Gather(scales, per_value, axis=1, hint="scale_per_value")
         zero: Value | np.ndarray
-        if node.tensor("zero_points"):
-            zero = _unpack(b, b.Gather(node.tensor("zero_points"), flat, hint="zero_rows"),
+        if zero_source is not None:
+            zero = _unpack(b, b.Gather(zero_source, flat, hint="zero_rows"),
                            bits, hint="zero")
             zero = b.Gather(b.Cast(zero, f32, hint="zero_f32"), per_value, axis=1,
                             hint="zero_per_value")
