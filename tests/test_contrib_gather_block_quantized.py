@@ -1,7 +1,8 @@
 """ONNX Runtime's GatherBlockQuantized (uint8 form, and int4/uint4-typed tables),
-decomposed: against ONNX Runtime's own CPU kernel and against torch (the table unpacked with torch's bit operations and
-dequantized, then indexed), 2, 4 and 8 bits, zero points absent and packed, negative and
-out-of-range indices, float16 scales, indices of rank 1 and 2."""
+decomposed: against ONNX Runtime's own CPU kernel and against torch (the table unpacked
+with torch's bit operations and dequantized, then indexed), 2, 4 and 8 bits, zero points
+absent and packed, negative and out-of-range indices, float16 scales, indices of rank 1
+and 2, and implausible sizes refused."""
 
 from __future__ import annotations
 
