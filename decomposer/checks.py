@@ -13,7 +13,7 @@ from typing import Protocol
 
 from onnx import TensorProto
 
-from decomposer.forms import Reject
+from decomposer.forms import Reject, UnknownTypes
 
 FLOAT_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
 _TYPE_FIX = "give it a typed graph input or value_info"
@@ -65,7 +65,8 @@ def require_type(ctx: _Context, name: str, label: str, allowed: Collection[int],
     elem_type = ctx.elem_type(name)
     if elem_type is None:
         reason = f", {why}" if why else ""
-        raise Reject(f"the element type of {label} '{name}' is unknown{reason}; {_TYPE_FIX}")
+        raise UnknownTypes(f"the element type of {label} '{name}' is unknown{reason}; "
+                           f"{_TYPE_FIX}")
     if elem_type not in allowed:
         raise Reject(f"{label} must be {_listed(allowed)}, got {type_name(elem_type)}")
     return elem_type
@@ -78,7 +79,7 @@ def require_shape(ctx: _Context, name: str, label: str, why: str = "",
     shape = ctx.shape(name)
     if shape is None:
         reason = f" ({why})" if why else ""
-        raise Reject(f"the rank of {label} '{name}' is unknown{reason}; {_TYPE_FIX}")
+        raise UnknownTypes(f"the rank of {label} '{name}' is unknown{reason}; {_TYPE_FIX}")
     if len(shape) < min_rank:
         raise Reject(f"{label} '{name}' has rank {len(shape)}; rank >= {min_rank} is needed")
     if max_rank is not None and len(shape) > max_rank:

@@ -107,6 +107,8 @@ class TypeTables:
         self._hints = hints
         self._tables: dict[str, dict[str, onnx.TypeProto]] | None = None
         self._recorded: dict[tuple[Any, ...], onnx.TypeProto] = {}
+        self._asked_runtime = False
+        self._light: onnx.ModelProto | None = None
 
     def load(self) -> None:
         """Infer now (else on the first question): the engine calls it before it rebuilds a
@@ -118,8 +120,10 @@ class TypeTables:
             return self._tables
         main: dict[str, onnx.TypeProto] = {}
         inferred = self._model
+        # kept for add_runtime_inference: the engine rebuilds node lists in place later
+        self._light = light_copy(self._model)
         try:
-            inferred = _inferred(light_copy(self._model))
+            inferred = _inferred(self._light)
         except Exception as exc:  # inference is a best effort; declared types still count
             log.debug("shape inference failed, using declared types only: %s", exc)
         for graph in all_graphs(inferred.graph):
@@ -143,6 +147,28 @@ class TypeTables:
             tables[function_label(function)] = table
         self._tables = tables
         return tables
+
+    def add_runtime_inference(self) -> bool:
+        """Once per table set: the main-graph types ONNX Runtime's symbolic shape inference
+        finds where ONNX's own inference found none (it knows the contrib ops: a tensor made
+        by a contrib node no pattern rewrites is untyped otherwise). Its guesses for ops no
+        runtime knows (a user's own domain) are not taken: a tensor computed from such an
+        op, however indirectly, stays unknown. Whether any type was added; the engine asks
+        only when a pattern refused for a missing type (it costs sympy's import, ~2 s)."""
+        if self._asked_runtime:
+            return False
+        self._asked_runtime = True
+        main = self._table(MAIN_NAMESPACE)
+        found = _runtime_inferred(self._light) if self._light is not None else {}
+        added = False
+        for name, type_proto in found.items():
+            known = main.get(name)
+            if known is None or (known.HasField("tensor_type") and (
+                    not known.tensor_type.elem_type or
+                    not known.tensor_type.HasField("shape"))):
+                main[name] = type_proto
+                added = True
+        return added
 
     def _table(self, namespace: str) -> dict[str, onnx.TypeProto]:
         return self._load().setdefault(namespace, {})
@@ -170,6 +196,45 @@ class TypeTables:
     def tensor_type(self, namespace: str, name: str) -> onnx.TypeProto.Tensor | None:
         tp = self._table(namespace).get(name)
         return tp.tensor_type if tp is not None and tp.HasField("tensor_type") else None
+
+
+def _runtime_inferred(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """Main-graph tensor types of ``light`` (a :func:`light_copy`) from ONNX Runtime's
+    ``symbolic_shape_infer`` (shipped with onnxruntime; needs sympy), leaving out every
+    tensor downstream of a node whose (domain, op) ONNX Runtime registers no schema for.
+    Empty when the tool is missing or fails."""
+    try:
+        from onnxruntime.capi import onnxruntime_pybind11_state as runtime
+        from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    except ImportError as exc:
+        log.debug("ONNX Runtime's symbolic shape inference is unavailable: %s", exc)
+        return {}
+    known_ops = {(norm_domain(schema.domain), schema.name)
+                 for schema in runtime.get_all_operator_schema()}
+    quiet = logging.getLogger("onnxruntime.tools.symbolic_shape_infer")
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        inferred = SymbolicShapeInference.infer_shapes(light, auto_merge=True,
+                                                       guess_output_rank=True)
+    except Exception as exc:  # best effort, as ONNX's own inference
+        log.debug("ONNX Runtime's symbolic shape inference failed: %s", exc)
+        return {}
+    finally:
+        quiet.setLevel(level)
+    if inferred is None:
+        return {}
+    guessed: set[str] = set()
+    for node in light.graph.node:
+        if (norm_domain(node.domain), node.op_type) not in known_ops or \
+                any(name in guessed for name in node.input):
+            guessed.update(node.output)
+    found: dict[str, onnx.TypeProto] = {}
+    for value in [*inferred.graph.value_info, *inferred.graph.output]:
+        if value.name not in guessed and value.type.HasField("tensor_type") and \
+                value.type.tensor_type.elem_type:
+            found[value.name] = value.type
+    return found
 
 
 def _inferred(light: onnx.ModelProto) -> onnx.ModelProto:

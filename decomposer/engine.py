@@ -59,6 +59,7 @@ from decomposer.errors import (
     PatternBugError,
     UnsupportedNodeError,
 )
+from decomposer.forms import UnknownTypes
 from decomposer.graphs import (
     OpClassifier,
     all_graphs,
@@ -218,11 +219,21 @@ class _Rewriter:
                 return True
         builder = Builder(opset, prefix, self.tensor_names, self.node_names,
                           constant_pool=pool, target=self.target)
-        recorder = memo.Recorder(context, node)
         try:
-            matched = pattern.match(node, form)
-            pattern.bind(matched, recorder)
-            facts = pattern.check(matched, recorder)
+            try:
+                recorder = memo.Recorder(context, node)
+                matched = pattern.match(node, form)
+                pattern.bind(matched, recorder)
+                facts = pattern.check(matched, recorder)
+            except UnknownTypes:
+                # ONNX's inference left a tensor untyped (a contrib producer no pattern
+                # knows, say): ask ONNX Runtime's, once per run, then try again
+                if not self.types.add_runtime_inference():
+                    raise
+                recorder = memo.Recorder(context, node)
+                matched = pattern.match(node, form)
+                pattern.bind(matched, recorder)
+                facts = pattern.check(matched, recorder)
             pattern.build(builder, matched, facts)
             declared = pattern.output_types(matched, recorder, facts) or []
         except Reject as why:

@@ -46,6 +46,13 @@ class Reject(Exception):
     """
 
 
+class UnknownTypes(Reject):
+    """A Reject because a tensor's element type or rank is unknown (``checks.require_type``
+    and ``require_shape``): the engine then asks ONNX Runtime's symbolic shape inference
+    once (it knows the contrib ops ONNX's own inference does not) and tries the node again.
+    """
+
+
 _REQUIRED: Any = object()
 
 _ATTR_KINDS = {
