@@ -50,8 +50,9 @@ MS = frozenset({"com.microsoft"})
 U8, I8, U16, I16 = TensorProto.UINT8, TensorProto.INT8, TensorProto.UINT16, TensorProto.INT16
 I32, I4, U4 = TensorProto.INT32, TensorProto.INT4, TensorProto.UINT4
 F16 = TensorProto.FLOAT16
-_RANGES: dict[int, tuple[int, int]] = {U8: (0, 255), I8: (-128, 127), U16: (0, 65535), I16: (-32768, 32767),
-           I4: (-8, 7), U4: (0, 15)}
+_RANGES: dict[int, tuple[int, int]] = {
+    U8: (0, 255), I8: (-128, 127), U16: (0, 65535), I16: (-32768, 32767), I4: (-8, 7),
+    U4: (0, 15)}
 
 
 class Facts(NamedTuple):
