@@ -130,8 +130,8 @@ class DFT(Pattern[Facts]):
         points = length
         if node.tensor("dft_length"):
             value = ctx.constant(node.tensor("dft_length"))
-            if value is None or value.size != 1:
-                raise Reject("dft_length must be a constant scalar")
+            if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+                raise Reject("dft_length must be a constant integer scalar")
             points = int(value.reshape(()))
             if points < 1:
                 raise Reject(f"dft_length must be positive, got {points}")
@@ -224,13 +224,15 @@ class STFT(Pattern[STFTFacts]):
         if not isinstance(length, int) or shape[2] not in (1, 2):
             raise Reject("the signal must be (batch, static length, 1 or 2)")
         step_value = ctx.constant(node.tensor("frame_step"))
-        if step_value is None or step_value.size != 1 or int(step_value.reshape(())) < 1:
-            raise Reject("frame_step must be a positive constant")
+        if step_value is None or step_value.size != 1 or \
+                not np.issubdtype(step_value.dtype, np.integer) or \
+                int(step_value.reshape(())) < 1:
+            raise Reject("frame_step must be a positive constant integer")
         frame = None
         if node.tensor("frame_length"):
             value = ctx.constant(node.tensor("frame_length"))
-            if value is None or value.size != 1:
-                raise Reject("frame_length must be a constant")
+            if value is None or value.size != 1 or not np.issubdtype(value.dtype, np.integer):
+                raise Reject("frame_length must be a constant integer")
             frame = int(value.reshape(()))
         if node.tensor("window"):
             window = ctx.shape(node.tensor("window"))

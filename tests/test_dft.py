@@ -155,3 +155,15 @@ def portability_cases():
             {"id": "STFT below 17", "model": stft, "feeds": [{"x": a} for a in inputs],
              "expected": [[spectrogram(a).astype(np.float32)] for a in inputs],
              "atol": 1e-4}]
+
+
+def test_a_non_integer_frame_step_is_refused_not_a_crash():
+    """A fuzz finding: a string frame_step crashed the check (int('bilinear'))."""
+    graph = helper.make_graph(
+        [helper.make_node("STFT", ["x", "step"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 32, 1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [helper.make_tensor("step", TensorProto.STRING, [], [b"bilinear"])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="frame_step"):
+        decomposer.decompose(model, target_opset=13, check=False)
