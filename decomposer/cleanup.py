@@ -86,3 +86,98 @@ def remove_orphans(graphs: list[onnx.GraphProto], candidates: set[str],
             del graph.value_info[:]
             graph.value_info.extend(keep_info)
         report.removed_constants += len(dead)
+
+
+def node_signature(node: onnx.NodeProto) -> tuple[Any, ...]:
+    """What tells a node of the input model from one a pattern wrote."""
+    return (node.name, node.op_type, node.domain, tuple(node.input), tuple(node.output))
+
+
+def cancel_inverse_transposes(graph: onnx.GraphProto, originals: set[tuple[Any, ...]]) -> int:
+    """Remove Transpose pairs that undo each other, where a pattern wrote at least one of
+    the two (a layout pattern's Transpose back to NHWC meeting the next one's to NCHW, or
+    the model's own layout Transpose): the second one's readers read the first one's input,
+    and the first one goes too when nothing else reads it. ``originals``: the input model's
+    :func:`node_signature` set (a pair of the model's own is left as it was). Graph outputs,
+    and tensors a subgraph reads, are never renamed. How many Transposes went."""
+    outer_reads: set[str] = set()
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                for inner in all_graphs_of(sub):
+                    for inner_node in inner.node:
+                        outer_reads.update(inner_node.input)
+    graph_outputs = {value.name for value in graph.output}
+    protected = graph_outputs | outer_reads
+    removed = 0
+    while True:
+        producer = {out: node for node in graph.node for out in node.output}
+        readers: dict[str, int] = {}
+        for node in graph.node:
+            for name in node.input:
+                readers[name] = readers.get(name, 0) + 1
+        pair = next((found for found in (_inverse_pair(node, producer, originals,
+                                                       outer_reads)
+                                         for node in graph.node) if found), None)
+        if pair is None:
+            return removed
+        first, second = pair
+        source, gone = first.input[0], second.output[0]
+        drop = [second]
+        if gone in graph_outputs:
+            # the graph output keeps its name: the second Transpose becomes an Identity
+            second.op_type = "Identity"
+            del second.attribute[:]
+            second.input[0] = source
+            drop = []
+        else:
+            for node in graph.node:
+                for index, name in enumerate(node.input):
+                    if name == gone:
+                        node.input[index] = source
+        if readers.get(first.output[0], 0) == 1 and first.output[0] not in protected:
+            drop.append(first)
+        dead = {out for node in drop for out in node.output}
+        kept_nodes = [node for node in graph.node if all(node is not d for d in drop)]
+        del graph.node[:]
+        graph.node.extend(kept_nodes)
+        kept_info = [value for value in graph.value_info if value.name not in dead]
+        del graph.value_info[:]
+        graph.value_info.extend(kept_info)
+        removed += len(drop) + (1 if gone in graph_outputs else 0)
+
+
+def _perm(node: onnx.NodeProto) -> list[int] | None:
+    for attr in node.attribute:
+        if attr.name == "perm":
+            return list(attr.ints)
+    return None  # the default reverses the axes: its rank is not known here
+
+
+def _inverse_pair(second: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
+                  originals: set[tuple[Any, ...]], protected: set[str]
+                  ) -> tuple[onnx.NodeProto, onnx.NodeProto] | None:
+    if second.op_type != "Transpose" or norm_domain(second.domain) != "" or \
+            second.output[0] in protected:
+        return None
+    first = producer.get(second.input[0])
+    if first is None or first.op_type != "Transpose" or norm_domain(first.domain) != "":
+        return None
+    if node_signature(first) in originals and node_signature(second) in originals:
+        return None
+    inner, outer = _perm(first), _perm(second)
+    if inner is None or outer is None or len(inner) != len(outer):
+        return None
+    if [inner[axis] for axis in outer] != list(range(len(inner))):
+        return None
+    return first, second
+
+
+def all_graphs_of(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """``graph`` and every graph nested in it."""
+    found = [graph]
+    for node in graph.node:
+        for attr in node.attribute:
+            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
+                found.extend(all_graphs_of(sub))
+    return found

@@ -47,8 +47,10 @@ from decomposer.checking import (
     validate_structure,
 )
 from decomposer.cleanup import (
+    cancel_inverse_transposes,
     drop_unused_imports,
     function_domains,
+    node_signature,
     remove_orphans,
     used_domains,
 )
@@ -508,6 +510,9 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
         del out.opset_import[:]
         out.opset_import.extend(kept)
     remove_orphans(usage.graphs, main.orphan_candidates, report, usage.reads)
+    if report.replaced:
+        cancel_inverse_transposes(out.graph, {node_signature(node)
+                                              for node in main.nodes_before})
     drop_unused_imports(out.opset_import, used_domains(main.nodes_before),
                         {norm_domain(domain) for domain in usage.domains}, report,
                         keep=function_domains(out))

@@ -63,6 +63,14 @@ def _standard_domain(node: onnx.NodeProto, facts: _Facts) -> str | None:
 def _static_conv_weight(node: onnx.NodeProto, facts: _Facts) -> str | None:
     if node.op_type in ("Conv", "ConvTranspose") and len(node.input) > 1 \
             and node.input[1] not in facts.initializers:
+        # QDQ's quantized weight (DequantizeLinear of a constant) is the form the int8
+        # engines read as a weight
+        producer = facts.producers.get(node.input[1])
+        if producer is not None and producer.op_type == "DequantizeLinear" and \
+                norm_domain(producer.domain) == "" and (
+                    producer.input[0] in facts.initializers or
+                    producer.input[0] in facts.constants):
+            return None
         return f"weight '{node.input[1]}' is computed at run time"
     return None
 
@@ -180,7 +188,8 @@ RULES: tuple[Rule, ...] = (
     Rule("Build a reversed index as `(n - 1) - Range(0, n, 1)`, not `Range(n - 1, -1, -1)`",
          "ONNX Runtime 1.32: its GatherToSliceFusion rewrites a Gather of the descending "
          "Range into a Slice whose end is wrong; the output is empty", _ascending_range),
-    Rule("No `Conv`/`ConvTranspose` whose weight is computed at run time",
+    Rule("No `Conv`/`ConvTranspose` whose weight is computed at run time (QDQ's "
+         "`DequantizeLinear` of a constant weight is the exception)",
          "OpenVINO: \"Doesn't support dynamic weights shape\"; onnx2torch reads weights from "
          "initializers only; onnx2tf emits a custom op or mis-lays the kernel; TensorRT's "
          "parser needs an initializer weight (8.x matrix)", _static_conv_weight),
