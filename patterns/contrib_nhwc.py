@@ -8,7 +8,10 @@ Matches, in com.microsoft (the schemas ONNX Runtime 1.32 registers; docs/Contrib
 - ``QLinearConv(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point,
   B; auto_pad, channels_last=0, dilations, group, kernel_shape, pads, strides)``: ONNX's
   QLinearConv (weights (M, C/group, kH, kW) as there), x and y channels last when
-  ``channels_last`` is 1;
+  ``channels_last`` is 1; with ``--lower QLinearConv`` ONNX's own QLinearConv too, as QDQ
+  (OpenVINO 2026.4's import refuses it with per-channel weights when the input and output
+  channel counts differ: "The number of dequantization scale elements '8' must match the
+  input shape dimension '3'", measured on quantize_static's QOperator output);
 - ``NhwcMaxPool(x; auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)``: ONNX's
   MaxPool of an int8/uint8 NHWC tensor;
 - ``NhwcConv(X, W, B; auto_pad, dilations, group, kernel_shape, pads, strides)``: ONNX's Conv
@@ -161,7 +164,9 @@ _CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "stride
 
 class QLinearConv(_ChannelsLast):
     op_type = "QLinearConv"
-    forms = (Form("QLinearConv", domains=MS, inputs=(
+    # the standard QLinearConv too, under --lower QLinearConv: OpenVINO 2026.4 cannot import
+    # it with per-channel weights whose channel counts differ (measured); the QDQ form runs
+    forms = (Form("QLinearConv", domains=MS | {""}, inputs=(
         In("x"), In("x_scale"), In("x_zero_point"), In("w"), In("w_scale"),
         In("w_zero_point"), In("y_scale"), In("y_zero_point"), In("B", optional=True)),
         attributes={**_CONV_ATTRIBUTES,

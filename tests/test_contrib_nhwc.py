@@ -185,3 +185,22 @@ def portability_cases():
     return [{"id": "contrib channels-last QLinearConv and NhwcMaxPool", "model": model,
              "feeds": feeds, "expected": [[_run(model, f)] for f in feeds], "atol": 1,
              "opsets": (13, 10**6)}]
+
+
+def test_onnx_qlinear_conv_under_lower_becomes_qdq():
+    """--lower QLinearConv: ONNX's own QLinearConv (per-channel weights, 3 -> 6 channels,
+    the form OpenVINO cannot import) as QDQ, equal to ONNX Runtime's kernel."""
+    rng = np.random.default_rng(21)
+    initializers, names = _conv_initializers(rng, np.uint8, np.int8, 6, 3, (3, 3), True, True)
+    model = _model([helper.make_node("QLinearConv", ["x", *names], ["y"], pads=[1, 1, 1, 1])],
+                   [helper.make_tensor_value_info("x", TensorProto.UINT8, ["n", 3, 5, 5])],
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8, [None] * 4)],
+                   initializers)
+    assert decomposer.decompose(model).graph.node[0].op_type == "QLinearConv"
+    out = decomposer.decompose(model, lower=["QLinearConv"])
+    onnx.checker.check_model(out, full_check=True)
+    kinds = {n.op_type for n in out.graph.node}
+    assert "QLinearConv" not in kinds and {"Conv", "QuantizeLinear"} <= kinds
+    for batch in (2, 1):
+        x = rng.integers(0, 256, (batch, 3, 5, 5)).astype(np.uint8)
+        np.testing.assert_array_equal(_run(out, {"x": x}), _run(model, {"x": x}))
