@@ -75,8 +75,10 @@ class Col2Im(Pattern[Facts]):
         shape = require_shape(ctx, node.tensor("input"), "input", "(N, C * K, L)", 3, 3)
         image_value = ctx.constant(node.tensor("image_shape"))
         kernel_value = ctx.constant(node.tensor("block_shape"))
-        if image_value is None or kernel_value is None:
-            raise Reject("image_shape and block_shape must be constants")
+        if image_value is None or kernel_value is None or not (
+                np.issubdtype(image_value.dtype, np.integer) and
+                np.issubdtype(kernel_value.dtype, np.integer)):
+            raise Reject("image_shape and block_shape must be constants (integers)")
         image = tuple(int(v) for v in image_value.reshape(-1))
         kernel = tuple(int(v) for v in kernel_value.reshape(-1))
         d = len(image)

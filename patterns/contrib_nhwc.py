@@ -44,7 +44,7 @@ from onnx import TensorProto
 from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import require_shape, require_type
 from decomposer.examples import Example, F
-from decomposer.forms import Attr, Form, In
+from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 MS = frozenset({"com.microsoft"})
@@ -189,6 +189,20 @@ class QLinearConv(_ChannelsLast):
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         facts = super().check(node, ctx)
+        for role in ("x_scale", "x_zero_point", "y_scale", "y_zero_point"):
+            shape = ctx.shape(node.tensor(role))
+            if shape is not None and int(np.prod([d if isinstance(d, int) else 2
+                                                  for d in shape])) != 1:
+                raise Reject(f"{role} must be per tensor (one value), got shape {list(shape)}")
+        weights = ctx.shape(node.tensor("w"))
+        for role in ("w_scale", "w_zero_point"):
+            shape = ctx.shape(node.tensor(role))
+            if shape is not None and weights is not None and len(shape) <= 1 and \
+                    (not shape or shape[0] in (1, weights[0])):
+                continue
+            if shape is not None:
+                raise Reject(f"{role} must be per tensor or per output channel, got shape "
+                             f"{list(shape)}")
         values = [ctx.constant(node.tensor(role)) for role in self._ROLES]
         if ctx.opset < 13 or any(value is None for value in values):
             return facts  # ONNX's QLinearConv (per-axis DequantizeLinear is 13+)

@@ -77,8 +77,10 @@ class CumProd(Pattern[Facts]):
         shape = require_shape(ctx, node.tensor("x"), "x", "the axis is counted in it",
                               min_rank=1)
         axis_value = ctx.constant(node.tensor("axis"))
-        if axis_value is None or axis_value.size != 1:
-            raise Reject("axis must be a constant scalar (the scan is unrolled along it)")
+        if axis_value is None or axis_value.size != 1 or \
+                not np.issubdtype(axis_value.dtype, np.integer):
+            raise Reject("axis must be a constant integer scalar (the scan is unrolled "
+                         "along it)")
         axis = int(axis_value.reshape(()))
         if not -len(shape) <= axis < len(shape):
             raise Reject(f"axis {axis} is out of range for rank {len(shape)}")

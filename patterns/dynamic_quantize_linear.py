@@ -32,17 +32,19 @@ from decomposer.builder import Builder
 from decomposer.checks import require_type
 from decomposer.examples import Example, F
 from decomposer.forms import Form, In
+from decomposer.opsets import LOWERING_DOMAIN
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 
 class DynamicQuantizeLinear(Pattern[None]):
     op_type = "DynamicQuantizeLinear"
-    forms = (Form("DynamicQuantizeLinear", domains=frozenset({""}), inputs=(In("x"),),
-                  outputs=3),)
+    # the default domain (under --lower) and the take-down's hand-over domain (its examples)
+    forms = (Form("DynamicQuantizeLinear", domains=frozenset({"", LOWERING_DOMAIN}),
+                  inputs=(In("x"),), outputs=3),)
     num_outputs = 3
     examples = (Example((("x", F, ("N", 4)),),
                         ((TensorProto.UINT8, 2), (F, 0), (TensorProto.UINT8, 0)),
-                        domains=()),)
+                        domains=((LOWERING_DOMAIN, 17),)),)
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> None:
         require_type(ctx, node.tensor("x"), "x", (TensorProto.FLOAT,))
