@@ -120,9 +120,9 @@ class TypeTables:
             return self._tables
         main: dict[str, onnx.TypeProto] = {}
         inferred = self._model
-        # kept for add_runtime_inference: the engine rebuilds node lists in place later
-        self._light = light_copy(self._model)
         try:
+            # kept for add_runtime_inference: the engine rebuilds node lists in place later
+            self._light = light_copy(self._model)
             inferred = _inferred(self._light)
         except Exception as exc:  # inference is a best effort; declared types still count
             log.debug("shape inference failed, using declared types only: %s", exc)
@@ -201,8 +201,9 @@ class TypeTables:
 def _runtime_inferred(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     """Main-graph tensor types of ``light`` (a :func:`light_copy`) from ONNX Runtime's
     ``symbolic_shape_infer`` (shipped with onnxruntime; needs sympy), leaving out every
-    tensor downstream of a node whose (domain, op) ONNX Runtime registers no schema for.
-    Empty when the tool is missing or fails."""
+    tensor downstream of a node whose (domain, op) ONNX Runtime registers no schema for or
+    (outside the default domain) the tool has no handler for: it guesses those. Empty when
+    the tool is missing or fails."""
     try:
         from onnxruntime.capi import onnxruntime_pybind11_state as runtime
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
@@ -224,9 +225,15 @@ def _runtime_inferred(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
         quiet.setLevel(level)
     if inferred is None:
         return {}
+    # the contrib ops the tool has a handler for; for any other non-standard op it copies
+    # the first input's type and rank (guess_output_rank), which is often wrong
+    # (QEmbedLayerNormalization's float output typed int32, QAttention's uint8: measured)
+    handled = set(SymbolicShapeInference(2 ** 31 - 1, True, True, 0).dispatcher_)
     guessed: set[str] = set()
     for node in light.graph.node:
-        if (norm_domain(node.domain), node.op_type) not in known_ops or \
+        domain = norm_domain(node.domain)
+        if (domain, node.op_type) not in known_ops or \
+                (domain and node.op_type not in handled) or \
                 any(name in guessed for name in node.input):
             guessed.update(node.output)
     found: dict[str, onnx.TypeProto] = {}

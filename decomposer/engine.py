@@ -288,6 +288,10 @@ class _Rewriter:
                         opsets: dict[str, int]) -> str | None:
         """ONNX shape inference on the replacement alone (see checking.replacement_failure);
         run once per build, so identical nodes replaying it pay nothing."""
+        for name in node.output:
+            if name and self.types.is_non_tensor(scope.namespace, name):
+                # a pattern writes tensors: a declared sequence, map or optional stays wrong
+                return f"output '{name}' is declared as a non-tensor value"
         produced = {out for new in builder.nodes for out in new.output}
         read = {name for new in builder.nodes for name in new.input if name}
         inputs = []

@@ -317,6 +317,13 @@ class NhwcConv(_ChannelsLast):
                 attrs={"pads": [1, 1, 1, 1]}, domains=(("com.microsoft", 17),)),
     )
 
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        facts = super().check(node, ctx)
+        require_type(ctx, node.tensor("W"), "W", (facts.elem_type,))
+        if node.tensor("B"):
+            require_type(ctx, node.tensor("B"), "B", (facts.elem_type,))
+        return facts
+
     def standard(self, b: Builder, node: MatchedNode, facts: Facts, x: str | Value,
                  out: str | None) -> Value:
         inputs: list[str | Value] = [x, node.tensor("W")]

@@ -216,7 +216,10 @@ class _Normalization(Pattern[Facts]):
             _finish(b, outputs, s, "sum", original)
         shift, scale = read(self.shift_name), read(self.scale_name)
         assert scale is not None
-        normalize(b, s, list(facts.axes), self._epsilon(node), self.rms, scale, shift, dtype,
+        # negative axes: right whatever rank inference gave the input (counted from the end)
+        rank = len(facts.shape)
+        normalize(b, s, [axis - rank for axis in facts.axes], self._epsilon(node), self.rms,
+                  scale, shift, dtype,
                   original, outputs)
 
     def _epsilon(self, node: MatchedNode) -> float:
