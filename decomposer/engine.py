@@ -79,7 +79,7 @@ from decomposer.pattern import Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
 
-RUNTIME_ONLY_DOMAINS = ("com.microsoft",)
+RUNTIME_ONLY_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
 # Replay one build for identical nodes (decomposer.memo); tests turn it off to compare.
 REUSE_TEMPLATES = True
 
@@ -335,10 +335,22 @@ def _no_pattern_reason(node: onnx.NodeProto, target: str, opset: int = 0) -> str
         return (f"ONNX defines {node.op_type} from opset {first}; opset {opset} has no such "
                 f"op and no pattern lowers it; the lowest target that keeps it is {first}")
     if norm_domain(node.domain) in RUNTIME_ONLY_DOMAINS and target != "ort":
-        return ("an ONNX Runtime-only contrib op (other engines have no kernel for it) and no "
-                "pattern rewrites it; target 'ort' (CLI: --target ort) keeps it for ONNX "
-                "Runtime")
+        return (f"an ONNX Runtime contrib op no pattern rewrites; {_measured_engines(node)}; "
+                "target 'ort' (CLI: --target ort) keeps it for ONNX Runtime")
     return "no pattern rewrites this op; add one (see 'Writing a pattern' in the README)"
+
+
+def _measured_engines(node: onnx.NodeProto) -> str:
+    """What is measured about the engines running ``node``'s op (engine_support.json)."""
+    from decomposer.engine_support import contrib_support, engine_label
+
+    entry = contrib_support(node.domain, node.op_type)
+    if entry is None:
+        return "ONNX Runtime runs it; no other engine was measured with it"
+    runs = ", ".join(engine_label(name) for name in entry["runs"])
+    refused = "; ".join(f"{engine_label(name)} refuses it ({why})"
+                        for name, why in entry.get("refused", {}).items())
+    return f"measured: {runs} run it" + (f"; {refused}" if refused else "")
 
 
 def _collect_names(model: onnx.ModelProto) -> tuple[set[str], set[str]]:

@@ -25,7 +25,7 @@ import onnx
 
 from decomposer.graphs import all_graphs, norm_domain, opset_map
 
-__all__ = ["engine_gaps", "gaps", "known_engines", "table"]
+__all__ = ["contrib_support", "engine_gaps", "gaps", "known_engines", "table"]
 
 DATA = Path(__file__).resolve().parent / "data" / "engine_support.json"
 
@@ -38,6 +38,22 @@ def _data() -> dict[str, Any]:
 
 def known_engines() -> list[str]:
     return list(_data()["engines"])
+
+
+def contrib_support(domain: str, op_type: str) -> dict[str, Any] | None:
+    """The measured engines of a contrib op no pattern rewrites (the data file's
+    ``contrib``: ``runs``, the engines that ran a model holding it; ``refused``, engine ->
+    the error it gave), or None when it was not measured."""
+    for entry in _data().get("contrib", []):
+        if entry["op"] == op_type and entry["domain"] == domain:
+            return dict(entry)
+    return None
+
+
+def engine_label(name: str) -> str:
+    """The engine's name and version as the data file records them."""
+    label: str = _data()["engines"].get(name, name)
+    return label
 
 
 def gaps() -> list[dict[str, Any]]:

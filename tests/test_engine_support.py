@@ -134,3 +134,78 @@ def test_constant_size_affine_grid_is_no_tvm_gap():
                                                                           np.int64), "size"))
     del model.graph.input[1]
     assert engine_support.engine_gaps(model, ["tvm"]) == {"tvm": []}
+
+
+# -- contrib ops no pattern rewrites: the engines measured to run them ---------------------
+
+
+def _quantized_lstm(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    import torch
+    from onnxruntime.quantization import quantize_dynamic
+
+    torch.manual_seed(0)
+    source, target = tmp_path / "lstm.onnx", tmp_path / "lstm_dynamic.onnx"
+    torch.onnx.export(torch.nn.LSTM(8, 16), (torch.randn(5, 2, 8),), str(source),
+                      opset_version=17, dynamo=False, input_names=["x"])
+    quantize_dynamic(str(source), str(target))
+    return onnx.load(str(target)), {"x": np.random.default_rng(0).standard_normal(
+        (5, 2, 8)).astype(np.float32)}
+
+
+def _nchwc_cnn(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    import onnxruntime as ort
+    import torch
+
+    torch.manual_seed(0)
+    # 16 input channels: the first Conv reads a reordered (blocked) input
+    net = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 8, 3, padding=1))
+    source, target = tmp_path / "cnn.onnx", tmp_path / "cnn_all.onnx"
+    torch.onnx.export(net, (torch.randn(1, 16, 16, 16),), str(source), opset_version=17,
+                      dynamo=False, input_names=["x"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return onnx.load(str(target)), {"x": np.random.default_rng(0).standard_normal(
+        (1, 16, 16, 16)).astype(np.float32)}
+
+
+CONTRIB_PROBES = {("com.microsoft", "DynamicQuantizeLSTM"): _quantized_lstm,
+                  ("com.microsoft.nchwc", "Conv"): _nchwc_cnn,
+                  ("com.microsoft.nchwc", "ReorderInput"): _nchwc_cnn,
+                  ("com.microsoft.nchwc", "ReorderOutput"): _nchwc_cnn}
+
+
+@pytest.mark.parametrize("key", sorted(CONTRIB_PROBES), ids=lambda k: f"{k[0]}::{k[1]}")
+def test_contrib_row_is_measured_again(tmp_path, key):
+    """A model holding the op runs on the engines the row lists and fails on the others with
+    the recorded error; and the refusal message names them."""
+    entry = engine_support.contrib_support(*key)
+    assert entry is not None
+    model, feeds = CONTRIB_PROBES[key](tmp_path)
+    assert key in {(n.domain, n.op_type) for n in model.graph.node}
+    for engine in entry["runs"]:
+        if engines.available(engine):
+            engines.run_model(engine, model, feeds)
+    for engine, why in entry["refused"].items():
+        if engines.available(engine):
+            with pytest.raises(EngineRunError) as raised:
+                engines.run_model(engine, model, feeds)
+            # the engine's whole message (EngineRunError keeps its first line)
+            message = f"{raised.value} {raised.value.__cause__}"
+            assert key[1] in message, message
+    with pytest.raises(decomposer.UnsupportedNodeError) as refused:
+        decomposer.decompose(model)
+    assert any(f"{engine_support.engine_label(name)} run it" in str(refused.value) or
+               engine_support.engine_label(name) in str(refused.value)
+               for name in entry["runs"])
+
+
+def test_contrib_rows_are_well_formed():
+    known = set(engine_support.known_engines())
+    for entry in engine_support._data()["contrib"]:
+        assert {"op", "domain", "runs", "refused", "evidence"} <= set(entry)
+        assert set(entry["runs"]) <= known and set(entry["refused"]) <= known
+        assert "ort" in entry["runs"]
