@@ -189,7 +189,7 @@ def test_contrib_row_is_measured_again(tmp_path, key):
     for engine in entry["runs"]:
         if engines.available(engine):
             engines.run_model(engine, model, feeds)
-    for engine, why in entry["refused"].items():
+    for engine in entry["refused"]:
         if engines.available(engine):
             with pytest.raises(EngineRunError) as raised:
                 engines.run_model(engine, model, feeds)
