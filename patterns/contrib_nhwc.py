@@ -189,6 +189,14 @@ class QLinearConv(_ChannelsLast):
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         facts = super().check(node, ctx)
+        for role in ("x_scale", "w_scale", "y_scale"):
+            require_type(ctx, node.tensor(role), role, (TensorProto.FLOAT,))
+        for role in ("x_zero_point", "y_zero_point"):
+            require_type(ctx, node.tensor(role), role, (facts.elem_type,))
+        w_type = require_type(ctx, node.tensor("w"), "w", (U8, I8))
+        require_type(ctx, node.tensor("w_zero_point"), "w_zero_point", (w_type,))
+        if node.tensor("B"):
+            require_type(ctx, node.tensor("B"), "B", (TensorProto.INT32,))
         for role in ("x_scale", "x_zero_point", "y_scale", "y_zero_point"):
             shape = ctx.shape(node.tensor(role))
             if shape is not None and int(np.prod([d if isinstance(d, int) else 2

@@ -1,0 +1,99 @@
+"""ONNX Runtime's com.microsoft.nchwc region (a float CNN saved from an ORT_ENABLE_ALL
+session) back to plain NCHW standard ops, against ONNX Runtime's nchwc kernels on the saved
+model and torch on the float model: a plain 3-channel input and a reordered 16-channel one,
+grouped and depthwise Convs, fused activations (Relu, LeakyRelu, Sigmoid, Clip), a fused
+residual Add (Conv's Sum input), MaxPool, AveragePool and GlobalAveragePool in the blocked
+layout, dynamic batch; and on OpenVINO."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+import decomposer
+from decomposer import engines
+from decomposer.patterns.contrib_nchwc import block_size
+
+
+class Blocks(torch.nn.Module):
+    def __init__(self, inputs: int) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(inputs, 20, 3, padding=1)
+        self.b = torch.nn.Conv2d(20, 24, 3, padding=1)
+        self.c = torch.nn.Conv2d(24, 24, 3, padding=1, groups=24)
+        self.d = torch.nn.Conv2d(24, 24, 1)
+        self.e = torch.nn.Conv2d(24, 32, 3, padding=1, groups=2)
+
+    def forward(self, x):
+        a = torch.nn.functional.leaky_relu(self.a(x), 0.2)
+        b = torch.sigmoid(self.b(a))
+        c = torch.relu(self.c(b) + b)  # a residual: the Conv's Sum input
+        c = torch.nn.functional.max_pool2d(c, 2)
+        d = torch.clamp(self.d(c), 0, 6)
+        d = torch.nn.functional.avg_pool2d(d, 2)
+        e = self.e(d)
+        return torch.nn.functional.adaptive_avg_pool2d(e, 1)
+
+
+def _saved(tmp_path, inputs):
+    torch.manual_seed(inputs)
+    net = Blocks(inputs).eval()
+    source, target = tmp_path / "float.onnx", tmp_path / "all.onnx"
+    torch.onnx.export(net, (torch.randn(1, inputs, 16, 16),), str(source), opset_version=17,
+                      dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return net, onnx.load(str(target))
+
+
+def _run(model, feeds):
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options,
+                                providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+pytestmark = pytest.mark.skipif(block_size() is None,
+                                reason="this ONNX Runtime has no NCHWc kernels")
+
+
+@pytest.mark.parametrize("inputs", [3, 16], ids=["plain input", "reordered input"])
+def test_equals_the_nchwc_kernels_and_torch(tmp_path, inputs):
+    net, model = _saved(tmp_path, inputs)
+    kinds = collections.Counter(f"{n.domain}:{n.op_type}" for n in model.graph.node
+                                if n.domain)
+    assert {"com.microsoft.nchwc:Conv", "com.microsoft.nchwc:ReorderOutput"} <= set(kinds)
+    if inputs == 16:
+        assert "com.microsoft.nchwc:ReorderInput" in kinds
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    assert {n.domain for n in out.graph.node} <= {""}
+    rng = np.random.default_rng(inputs)
+    for batch in (2, 1):
+        x = rng.standard_normal((batch, inputs, 16, 16)).astype(np.float32)
+        got = _run(out, {"x": x})
+        np.testing.assert_allclose(got, _run(model, {"x": x}), rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not engines.available("openvino"), reason="OpenVINO is not installed")
+def test_runs_on_openvino(tmp_path):
+    net, model = _saved(tmp_path, 16)
+    out = decomposer.decompose(model)
+    x = np.random.default_rng(4).standard_normal((2, 16, 16, 16)).astype(np.float32)
+    (got,) = engines.run_model("openvino", out, {"x": x})
+    with torch.no_grad():
+        want = net(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
