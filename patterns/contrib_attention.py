@@ -162,15 +162,22 @@ class Attention(Pattern[Facts]):
                      f"ONNX Runtime's CPU kernel does not implement it, so its numbers cannot "
                      f"be pinned here")
 
-    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        compute = ComputeType(b, node, facts.elem_type)
-        dtype, read = compute.dtype, compute.read
-
-        x, weights, bias = read("input"), read("weights"), read("bias")
+    def projection(self, b: Builder, node: MatchedNode, facts: Facts, compute: ComputeType
+                   ) -> tuple[Value, Value]:
+        """(QKV = input @ weights + bias, the input): subclasses that project otherwise
+        (QAttention's integer product) override it."""
+        x, weights, bias = compute.read("input"), compute.read("weights"), compute.read("bias")
         assert x is not None and weights is not None
         qkv = b.MatMul(x, weights, hint="qkv")
         if bias is not None:
             qkv = b.Add(qkv, bias, hint="qkv_bias")
+        return qkv, x
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        compute = ComputeType(b, node, facts.elem_type)
+        dtype, read = compute.dtype, compute.read
+
+        qkv, x = self.projection(b, node, facts, compute)
         rows = b.Shape(x, 0, 2, hint="batch_sequence")
         heads = facts.heads
 
@@ -258,7 +265,11 @@ class Attention(Pattern[Facts]):
                              hint="last_key")  # (S, 1)
             later = b.Greater(b.Unsqueeze(key_index, [0], hint="key_row_c"), last_key,
                               hint="later_key")  # (S, T)
-            terms.append(b.Where(later, filtered, zero, hint="causal_mask"))
+            # far below the filter value: where the raw mask also hides every earlier key,
+            # ONNX Runtime's kernel still gives the later keys no weight (measured; with the
+            # filter value they would share it)
+            lowest = np.asarray(np.finfo(dtype).min, dtype)
+            terms.append(b.Where(later, lowest, zero, hint="causal_mask"))
         bias = read("attention_bias")
         if bias is not None:
             terms.append(bias)
@@ -307,7 +318,7 @@ class Attention(Pattern[Facts]):
             scores = scores + (term[:, None, None, :] if mask.ndim == 2 else term[:, None])
         if args["unidirectional"]:
             later = np.arange(total)[None, :] > np.arange(sequence)[:, None] + total - sequence
-            scores = scores + np.where(later, filtered, 0.0)
+            scores = np.where(later, -np.inf, scores)  # no weight, whatever the mask says
         if tensors.get("attention_bias") is not None:
             scores = scores + tensors["attention_bias"].astype(wide)  # type: ignore[union-attr]
         probs = np.exp(scores - scores.max(-1, keepdims=True))

@@ -72,7 +72,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder, Value
+from decomposer.builder import Builder, Value, numpy_dtype
 from decomposer.checks import require_broadcastable, require_shape, require_type
 from decomposer.examples import I32, Example, F
 from decomposer.forms import Attr, Form, In, Reject
@@ -397,13 +397,11 @@ class EmbedLayerNormalization(Pattern[EmbedFacts]):
         ids = b.input(node.tensor("input_ids"), np.int32)
 
         def rows(table: str, indices: Value, hint: str) -> Value:
-            return compute.cast(b.Gather(b.input(node.tensor(table), original), indices,
+            return compute.cast(b.Gather(self.table(b, node, facts, table), indices,
                                          axis=0, hint=hint), hint)
 
         def vector(name: str) -> Value:
-            value = compute.read(name)
-            assert value is not None  # a required input
-            return value
+            return compute.cast(self.table(b, node, facts, name), name)
 
         s = rows("word_embedding", ids, "words")
         if node.tensor("position_ids"):
@@ -433,6 +431,11 @@ class EmbedLayerNormalization(Pattern[EmbedFacts]):
             else:
                 b.ConstantOfShape(b.Shape(ids, 0, 1, hint="batch"), 0, np.int32,
                                   out=outputs["mask_index"])
+
+    def table(self, b: Builder, node: MatchedNode, facts: EmbedFacts, name: str) -> Value:
+        """An embedding table, gamma or beta, in the node's type (QEmbedLayerNormalization
+        gives dequantized constants instead)."""
+        return b.input(node.tensor(name), numpy_dtype(facts.elem_type))
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: EmbedFacts
                      ) -> list[OutputType]:

@@ -229,7 +229,7 @@ class ResizeNearestPlugin(_Wrapper):
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         scale = node.args["scale"]
-        if scale < 1 or scale != int(scale):
+        if not np.isfinite(scale) or scale < 1 or scale != int(scale):
             raise Reject(f"scale {scale}: only integer scales >= 1 are pinned (the kernel's "
                          "int() of a fractional size and source)")
         return super().check(node, ctx)

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import helper
+from onnx import TensorProto, helper
 
 import decomposer
 
@@ -210,3 +210,31 @@ def portability_cases():
         expected.append([_torch_reference(arrays, {})[0].astype(np.float32)])
     return [{"id": "contrib Attention (BERT, 2-D mask)", "model": model, "feeds": feeds,
              "expected": expected, "atol": 2e-5}]
+
+
+def test_a_raw_mask_hiding_every_earlier_key_with_unidirectional():
+    """Query 0 whose only earlier key the raw mask hides: ONNX Runtime's kernel still gives
+    the later keys no weight (the causal term is not the filter value; measured)."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(1)
+    hidden, heads = 16, 4
+    graph = helper.make_graph(
+        [helper.make_node("Attention", ["x", "w", "b", "mask"], ["y"], domain="com.microsoft",
+                          num_heads=heads, unidirectional=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", "S", hidden]),
+         helper.make_tensor_value_info("mask", TensorProto.INT32, ["B", "S"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", "S", hidden])],
+        [numpy_helper.from_array(rng.standard_normal((hidden, 3 * hidden)).astype(np.float32),
+                                 "w"),
+         numpy_helper.from_array(rng.standard_normal(3 * hidden).astype(np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    out = decomposer.decompose(model)
+    x = rng.standard_normal((2, 5, hidden)).astype(np.float32)
+    for mask in ([[0, 1, 1, 1, 1], [1, 1, 1, 1, 1]], [[0, 0, 1, 0, 1], [1, 0, 0, 1, 1]]):
+        feeds = {"x": x, "mask": np.array(mask, np.int32)}
+        want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)[0]
+        got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -152,49 +152,7 @@ def _quantized_lstm(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
         (5, 2, 8)).astype(np.float32)}
 
 
-def _quantized_bert(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
-    """quantize_dynamic of ONNX Runtime's optimizer output for a tiny BERT with eager
-    attention (the optimizer fuses Attention only then): QAttention and
-    QEmbedLayerNormalization."""
-    import torch
-    from onnxruntime.quantization import quantize_dynamic
-    from onnxruntime.transformers import optimizer
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
-                        num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=32, attn_implementation="eager")
-    bert = BertModel(config).eval()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids, mask):
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
-
-    source = tmp_path / "bert.onnx"
-    ids = torch.randint(0, 100, (2, 8))
-    torch.onnx.export(Wrapper().eval(), (ids, torch.ones_like(ids)), str(source),
-                      opset_version=17,
-                      dynamo=False, input_names=["ids", "mask"],
-                      dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}})
-    optimized = tmp_path / "bert_opt.onnx"
-    optimizer.optimize_model(str(source), model_type="bert", num_heads=4,
-                             hidden_size=32).save_model_to_file(str(optimized))
-    target = tmp_path / "bert_dynamic.onnx"
-    quantize_dynamic(str(optimized), str(target),
-                     extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    feeds = {"ids": np.random.default_rng(0).integers(0, 100, (2, 8)).astype(np.int64),
-             "mask": np.ones((2, 8), np.int64)}
-    return onnx.load(str(target)), feeds
-
-
-CONTRIB_PROBES = {("com.microsoft", "DynamicQuantizeLSTM"): _quantized_lstm,
-                  ("com.microsoft", "QAttention"): _quantized_bert,
-                  ("com.microsoft", "QEmbedLayerNormalization"): _quantized_bert}
+CONTRIB_PROBES = {("com.microsoft", "DynamicQuantizeLSTM"): _quantized_lstm}
 
 
 @pytest.mark.parametrize("key", sorted(CONTRIB_PROBES), ids=lambda k: f"{k[0]}::{k[1]}")
