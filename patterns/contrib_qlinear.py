@@ -76,6 +76,8 @@ class Facts(NamedTuple):
     rank: int | None  # the first quantized input's rank, where known
     # each scale and zero point given: its constant value (None if computed at run time)
     constants: tuple[tuple[str, np.ndarray | None], ...] = ()
+    # binary ops: a quantized operand that is a constant (a bias), dequantized here
+    folded: tuple[tuple[str, np.ndarray], ...] = ()
 
 
 def per_tensor_constants(ctx: MatchContext, names: list[str]
@@ -174,7 +176,10 @@ class _QLinear(Pattern[Facts]):
     # -- build -----------------------------------------------------------------------------
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        floats = [self.dequantized(b, node, facts, source, node.tensor(source.values),
+        folded = dict(facts.folded)
+        floats = [b.const(folded[source.values], hint=f"{source.values}_float")
+                  if source.values in folded else
+                  self.dequantized(b, node, facts, source, node.tensor(source.values),
                                    f"{source.values}_float")
                   for source in self.sources]
         result = self.float_op(b, node, floats, facts)
@@ -264,9 +269,31 @@ _C = Quantized("", "C_scale", "C_zero_point")
 
 
 class _Binary(_QLinear):
+    """A constant operand (quantize_static's quantized bias of a MatMul, say) is dequantized
+    at decompose time, into a float constant: OpenVINO 2026.4's low-precision pass crashes
+    on a DequantizeLinear of a constant beside one of an activation in an Add
+    ("[AddTransformation] ... index '0' out of range", measured on a QOperator BERT)."""
+
     sources = (_A, _B)
     target = _C
     float_op_type = ""
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        facts = super().check(node, ctx)
+        known = dict(facts.constants)
+        folded = []
+        for source in self.sources:
+            values = ctx.constant(node.tensor(source.values))
+            scale = known.get(node.tensor(source.scale))
+            if values is None or scale is None or values.size > (1 << 20):
+                continue
+            zero = known.get(node.tensor(source.zero)) if node.tensor(source.zero) else None
+            if node.tensor(source.zero) and zero is None:
+                continue
+            folded.append((source.values, dequantize_reference(values, scale, zero)))
+        if len(folded) == len(self.sources):
+            return facts  # both constant: leave it to the standard form (folded later)
+        return facts._replace(folded=tuple(folded))
 
     def float_op(self, b: Builder, node: MatchedNode, floats: list[Value], facts: Facts
                  ) -> Value:

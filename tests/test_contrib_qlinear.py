@@ -229,3 +229,34 @@ def portability_cases():
         expected.append([_session(model).run(None, feed)[0]])
     return [{"id": "contrib QOperator block as QDQ", "model": model, "feeds": feeds,
              "expected": expected, "atol": 1}]
+
+
+@pytest.mark.parametrize("op", ["QLinearAdd", "QLinearMul"])
+def test_a_constant_operand_is_dequantized_at_decompose_time(op):
+    """A quantized bias (a constant B) becomes a float constant, no DequantizeLinear of a
+    constant (OpenVINO's low-precision pass crashes on one in an Add); the kernel's numbers
+    within one quantization step."""
+    rng = np.random.default_rng(3)
+    initializers = [nh.from_array(np.array(0.05, np.float32), "sa"),
+                    nh.from_array(np.array(120, np.uint8), "za"),
+                    nh.from_array(rng.integers(0, 256, (5,)).astype(np.uint8), "b"),
+                    nh.from_array(np.array(0.02, np.float32), "sb"),
+                    nh.from_array(np.array(7, np.uint8), "zb"),
+                    nh.from_array(np.array(0.06, np.float32), "sc"),
+                    nh.from_array(np.array(128, np.uint8), "zc")]
+    graph = helper.make_graph(
+        [helper.make_node(op, ["a", "sa", "za", "b", "sb", "zb", "sc", "zc"], ["y"],
+                          domain="com.microsoft")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, ["n", 5])],
+        [helper.make_tensor_value_info("y", TensorProto.UINT8, ["n", 5])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("com.microsoft", 1)])
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    dequantized = [n for n in out.graph.node if n.op_type == "DequantizeLinear"]
+    assert [n.input[0] for n in dequantized] == ["a"]
+    for batch in (4, 1):
+        a = rng.integers(0, 256, (batch, 5)).astype(np.uint8)
+        (want,) = _session(model).run(None, {"a": a})
+        (got,) = _session(out).run(None, {"a": a})
+        assert np.abs(got.astype(np.int32) - want.astype(np.int32)).max() <= 1
