@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import hashlib
 import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -139,6 +140,9 @@ class _Rewriter:
         self.node_names = NameAllocator(node_names)
         self.rewritten_outputs: set[str] = set()  # output names of replaced nodes
         self.reuse = REUSE_TEMPLATES
+        # weights patterns built, by content: an equal one is stored once (as a replayed
+        # template shares its template's), so building and replaying give the same bytes
+        self.weight_pool: dict[tuple[str, bytes], str] = {}
 
     def rewrite_graph(self, scope: Scope, opsets: dict[str, int], ns: _Namespace) -> _Usage:
         graph = scope.graph
@@ -273,7 +277,7 @@ class _Rewriter:
                                  for weight in builder.initializers]
             builder.bases[:0] = [None] * len(builder.initializers)
         else:
-            scope.graph.initializer.extend(builder.initializers)
+            scope.graph.initializer.extend(self._pooled_weights(builder, scope))
         if key is not None:
             kept = memo.template(node, builder, recorder, declared)
             variants = templates.setdefault(key, [])
@@ -283,6 +287,31 @@ class _Rewriter:
         usage.add_nodes(into.node[len(into.node) - len(builder.nodes):])  # the copies
         self._replaced(node, scope, pattern.name, len(builder.nodes), declared)
         return True
+
+    def _pooled_weights(self, builder: Builder, scope: Scope) -> list[onnx.TensorProto]:
+        """The builder's weights not yet stored in this name space; the builder's nodes read
+        an equal one stored earlier instead of its own copy."""
+        kept: list[onnx.TensorProto] = []
+        renamed: dict[str, str] = {}
+        for weight in builder.initializers:
+            anonymous = onnx.TensorProto()
+            anonymous.CopyFrom(weight)
+            anonymous.name = ""
+            key = (scope.namespace, hashlib.sha256(
+                anonymous.SerializeToString(deterministic=True)).digest())
+            earlier = self.weight_pool.get(key)
+            if earlier is None:
+                self.weight_pool[key] = weight.name
+                kept.append(weight)
+            else:
+                renamed[weight.name] = earlier
+        if renamed:
+            for new in builder.nodes:
+                for index, name in enumerate(new.input):
+                    if name in renamed:
+                        new.input[index] = renamed[name]
+            builder.initializers[:] = kept
+        return kept
 
     def _shapes_refused(self, node: onnx.NodeProto, builder: Builder, scope: Scope,
                         opsets: dict[str, int]) -> str | None:
