@@ -10,7 +10,9 @@ generated; ``tests/test_engine_support.py`` re-measures its ONNX Runtime, OpenVI
 entries. Conditions an entry may carry: ``min_opset`` (the op's version at the model's
 opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant),
 ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
-attribute is set: blocked quantization) or ``blocked_zero_point`` (that, with a zero point).
+attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a zero point) or
+``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale whose output
+channel count differs from its input's).
 """
 
 from __future__ import annotations
@@ -61,15 +63,37 @@ def gaps() -> list[dict[str, Any]]:
     return [dict(entry) for entry in _data()["gaps"]]
 
 
-def _constants(graph: onnx.GraphProto) -> set[str]:
-    names = {init.name for init in graph.initializer}
-    names |= {out for node in graph.node if node.op_type == "Constant"
-              and norm_domain(node.domain) == "" for out in node.output}
-    return names
+def _constants(graph: onnx.GraphProto) -> dict[str, list[int] | None]:
+    """The graph's constant names, with an initializer's dims (None for a Constant node's)."""
+    found: dict[str, list[int] | None] = {init.name: list(init.dims)
+                                          for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and norm_domain(node.domain) == "":
+            found.update((out, None) for out in node.output)
+    return found
+
+
+def _per_channel_mixed(node: onnx.NodeProto, constants: dict[str, list[int] | None]) -> bool:
+    """A QLinearConv whose weight scale is per output channel and whose output channel
+    count differs from its input's (the weight's M against C = (C / group) * group)."""
+    if len(node.input) < 5:
+        return False
+    scale, weights = constants.get(node.input[4]), constants.get(node.input[3])
+    if not scale or not weights or len(weights) < 2 or _product(scale) <= 1:
+        return False
+    group = next((a.i for a in node.attribute if a.name == "group"), 1) or 1
+    return weights[0] != weights[1] * group
+
+
+def _product(dims: list[int]) -> int:
+    total = 1
+    for dim in dims:
+        total *= dim
+    return total
 
 
 def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
-             constants: set[str]) -> bool:
+             constants: dict[str, list[int] | None]) -> bool:
     if node.op_type != entry["op"] or norm_domain(node.domain) != "":
         return False
     if opset < int(entry.get("min_opset", 0)):
@@ -79,6 +103,8 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return len(node.input) > 1 and node.input[1] not in constants
     if when == "mode_max":
         return any(a.name == "mode" and a.s == b"max" for a in node.attribute)
+    if when == "per_channel_mixed_channels":
+        return _per_channel_mixed(node, constants)
     blocked = any(a.name == "block_size" and a.i for a in node.attribute)
     if when == "blocked":
         return blocked
@@ -116,7 +142,9 @@ def table() -> str:
     for entry in gaps():
         condition = {None: "always", "size_not_constant": "its size is not a constant",
                      "mode_max": "`mode=\"max\"`", "blocked": "`block_size` set",
-                     "blocked_zero_point": "`block_size` set, with a zero point"
+                     "blocked_zero_point": "`block_size` set, with a zero point",
+                     "per_channel_mixed_channels": "per-channel weights, input and output "
+                                                   "channel counts differ"
                      }[entry.get("when")]
         if entry.get("min_opset"):
             condition = f"opset >= {entry['min_opset']}"

@@ -75,6 +75,28 @@ def _blocked_dequantize() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return model, {"a": rng.standard_normal((2, 32)).astype(np.float32)}
 
 
+def _per_channel_qlinear_conv() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """ONNX's QLinearConv with per-channel weights, 3 -> 6 channels (quantize_static's
+    QOperator form of a first convolution)."""
+    rng = np.random.default_rng(4)
+    initializers = [
+        onnx.numpy_helper.from_array(np.array(0.05, np.float32), "xs"),
+        onnx.numpy_helper.from_array(np.array(9, np.uint8), "xz"),
+        onnx.numpy_helper.from_array(rng.integers(-128, 128, (6, 3, 3, 3)).astype(np.int8),
+                                     "w"),
+        onnx.numpy_helper.from_array(rng.uniform(0.005, 0.02, 6).astype(np.float32), "ws"),
+        onnx.numpy_helper.from_array(np.zeros(6, np.int8), "wz"),
+        onnx.numpy_helper.from_array(np.array(0.08, np.float32), "ys"),
+        onnx.numpy_helper.from_array(np.array(127, np.uint8), "yz")]
+    node = helper.make_node("QLinearConv", ["x", "xs", "xz", "w", "ws", "wz", "ys", "yz"],
+                            ["y"], pads=[1, 1, 1, 1])
+    model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.UINT8,
+                                                              [1, 3, 5, 5])],
+                       [helper.make_tensor_value_info("y", TensorProto.UINT8, [1, 6, 5, 5])],
+                       17, initializers=initializers)
+    return model, {"x": rng.integers(0, 256, (1, 3, 5, 5)).astype(np.uint8)}
+
+
 # (engine, op, condition) -> the probe that shows the gap
 PROBES = {
     ("tvm", "AffineGrid", "size_not_constant"): _affine_grid_fed,
@@ -83,6 +105,7 @@ PROBES = {
     ("openvino", "RoiAlign", "mode_max"): lambda: _roi_align(16, "max"),
     ("ort", "RoiAlign", None): lambda: _roi_align(22, "avg"),
     ("tvm", "DequantizeLinear", "blocked"): _blocked_dequantize,
+    ("openvino", "QLinearConv", "per_channel_mixed_channels"): _per_channel_qlinear_conv,
 }
 
 
@@ -120,7 +143,7 @@ def test_rows_are_well_formed():
     for entry in engine_support.gaps():
         assert entry["engine"] in known and entry["evidence"]
         assert entry.get("when") in (None, "size_not_constant", "mode_max", "blocked",
-                                     "blocked_zero_point")
+                                     "blocked_zero_point", "per_channel_mixed_channels")
         assert onnx.defs.has(entry["op"]), entry["op"]
         if entry.get("lower"):  # a pattern decomposes it
             names = {form_op for e in decomposer.registry.build_registry(entry_points=False)
@@ -191,3 +214,18 @@ def test_contrib_rows_are_well_formed():
         assert {"op", "domain", "runs", "refused", "evidence"} <= set(entry)
         assert set(entry["runs"]) <= known and set(entry["refused"]) <= known
         assert "ort" in entry["runs"]
+
+
+def test_qlinear_conv_gap_needs_per_channel_weights_and_differing_channels():
+    model, _ = _per_channel_qlinear_conv()
+    assert engine_support.engine_gaps(model, ["openvino"])["openvino"]
+    per_tensor = onnx.ModelProto()
+    per_tensor.CopyFrom(model)
+    scale = next(i for i in per_tensor.graph.initializer if i.name == "ws")
+    scale.CopyFrom(onnx.numpy_helper.from_array(np.array(0.01, np.float32), "ws"))
+    assert not engine_support.engine_gaps(per_tensor, ["openvino"])["openvino"]
+    square = onnx.ModelProto()
+    square.CopyFrom(model)
+    weights = next(i for i in square.graph.initializer if i.name == "w")
+    weights.CopyFrom(onnx.numpy_helper.from_array(np.zeros((3, 3, 3, 3), np.int8), "w"))
+    assert not engine_support.engine_gaps(square, ["openvino"])["openvino"]
