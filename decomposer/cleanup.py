@@ -13,7 +13,7 @@ from typing import Any
 
 import onnx
 
-from decomposer.graphs import function_nodes, norm_domain
+from decomposer.graphs import all_graphs, function_nodes, norm_domain
 from decomposer.report import Report
 
 
@@ -100,13 +100,8 @@ def cancel_inverse_transposes(graph: onnx.GraphProto, originals: set[tuple[Any, 
     and the first one goes too when nothing else reads it. ``originals``: the input model's
     :func:`node_signature` set (a pair of the model's own is left as it was). Graph outputs,
     and tensors a subgraph reads, are never renamed. How many Transposes went."""
-    outer_reads: set[str] = set()
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                for inner in all_graphs_of(sub):
-                    for inner_node in inner.node:
-                        outer_reads.update(inner_node.input)
+    outer_reads = {name for inner in list(all_graphs(graph))[1:] for node in inner.node
+                   for name in node.input}
     graph_outputs = {value.name for value in graph.output}
     protected = graph_outputs | outer_reads
     removed = 0
@@ -172,12 +167,3 @@ def _inverse_pair(second: onnx.NodeProto, producer: dict[str, onnx.NodeProto],
         return None
     return first, second
 
-
-def all_graphs_of(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
-    """``graph`` and every graph nested in it."""
-    found = [graph]
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
-                found.extend(all_graphs_of(sub))
-    return found
