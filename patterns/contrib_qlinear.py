@@ -86,13 +86,15 @@ def per_tensor_constants(ctx: MatchContext, names: list[str]
     return tuple((name, ctx.constant(name)) for name in names if name)
 
 
-def scalar(b: Builder, name: str, facts: Facts, dtype: np.dtype, hint: str) -> Value:
+def scalar(b: Builder, name: str, constants: tuple[tuple[str, np.ndarray | None], ...],
+           dtype: np.dtype, hint: str) -> Value:
     """A per-tensor scale or zero point as the scalar QuantizeLinear and DequantizeLinear
     take: the tensor itself if it is a scalar, a scalar constant of its value if it is a
-    one-element constant, 0 of the type when absent, else the tensor reshaped to ()."""
+    one-element constant, 0 of the type when absent, else the tensor reshaped to ().
+    ``constants``: what :func:`per_tensor_constants` found."""
     if not name:
         return b.const(np.zeros((), dtype), hint=f"{hint}_zero")
-    value = dict(facts.constants).get(name)
+    value = dict(constants).get(name)
     if value is not None and value.ndim == 0:
         return b.input(name, dtype)
     if value is not None:
@@ -195,9 +197,9 @@ class _QLinear(Pattern[Facts]):
                     values: str | Value, hint: str) -> Value:
         dtype = numpy_dtype(facts.elem_type)
         return b.op("DequantizeLinear", values,
-                    scalar(b, node.tensor(source.scale), facts, np.dtype(np.float32),
+                    scalar(b, node.tensor(source.scale), facts.constants, np.dtype(np.float32),
                            f"{hint}_scale"),
-                    scalar(b, node.tensor(source.zero), facts, dtype, f"{hint}_zero"),
+                    scalar(b, node.tensor(source.zero), facts.constants, dtype, f"{hint}_zero"),
                     hint=hint, dtype=np.float32)
 
     @staticmethod
@@ -205,9 +207,9 @@ class _QLinear(Pattern[Facts]):
                   target: Quantized, out: str | None = None) -> Value:
         dtype = numpy_dtype(facts.elem_type)
         return b.op("QuantizeLinear", value,
-                    scalar(b, node.tensor(target.scale), facts, np.dtype(np.float32),
+                    scalar(b, node.tensor(target.scale), facts.constants, np.dtype(np.float32),
                            "out_scale"),
-                    scalar(b, node.tensor(target.zero), facts, dtype, "out_zero"),
+                    scalar(b, node.tensor(target.zero), facts.constants, dtype, "out_zero"),
                     hint="quantized", out=out, dtype=dtype)
 
     # -- reference -------------------------------------------------------------------------
@@ -626,13 +628,13 @@ class QLinearConcat(_QLinear):
         names = list(node.inputs)
         f32_type = np.dtype(np.float32)
         floats = [b.op("DequantizeLinear", names[index],
-                       scalar(b, names[index + 1], facts, f32_type, f"x{index}_scale"),
-                       scalar(b, names[index + 2], facts, dtype, f"x{index}_zero"),
+                       scalar(b, names[index + 1], facts.constants, f32_type, f"x{index}_scale"),
+                       scalar(b, names[index + 2], facts.constants, dtype, f"x{index}_zero"),
                        hint=f"x{(index - 2) // 3}_float", dtype=np.float32)
                   for index in range(2, len(names), 3)]
         joined = b.Concat(*floats, axis=int(node.args["axis"]), hint="joined")
-        b.op("QuantizeLinear", joined, scalar(b, names[0], facts, f32_type, "out_scale"),
-             scalar(b, names[1], facts, dtype, "out_zero"), hint="quantized",
+        b.op("QuantizeLinear", joined, scalar(b, names[0], facts.constants, f32_type, "out_scale"),
+             scalar(b, names[1], facts.constants, dtype, "out_zero"), hint="quantized",
              out=node.outputs[0], dtype=dtype)
 
     def reference(self, *values: np.ndarray, **attrs: Any) -> list[np.ndarray]:

@@ -54,9 +54,6 @@ from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from .contrib_qlinear import (
-    Facts as ScalarFacts,
-)
-from .contrib_qlinear import (
     dequantize_reference,
     per_tensor_constants,
     quantize_reference,
@@ -93,7 +90,7 @@ def _per_column(ctx: MatchContext, name: str, label: str, width: int | str | Non
 
 
 def _scalar_of(b: Builder, name: str, facts: Facts, dtype: Any, hint: str) -> Value:
-    return scalar(b, name, ScalarFacts(0, None, facts.constants), np.dtype(dtype), hint)
+    return scalar(b, name, facts.constants, np.dtype(dtype), hint)
 
 
 def _vector_or_scalar(b: Builder, name: str, facts: Facts, dtype: Any, hint: str) -> Value:
