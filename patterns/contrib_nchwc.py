@@ -51,6 +51,8 @@ from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
+from .contrib_nhwc import standard_attributes
+
 NCHWC = frozenset({"com.microsoft.nchwc"})
 
 
@@ -174,18 +176,6 @@ _ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid")
 _CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
-def _attrs(node: MatchedNode, names: tuple[str, ...]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in names:
-        value = node.args.get(name)
-        if isinstance(value, bytes):
-            value = value.decode()
-        if value in ((), None, "NOTSET"):
-            continue
-        found[name] = list(value) if isinstance(value, (tuple, list)) else value
-    return found
-
-
 class Conv(_Nchwc):
     op_type = "Conv"
     forms = (Form("Conv", domains=NCHWC, inputs=(
@@ -232,7 +222,8 @@ class Conv(_Nchwc):
         params = [float(p) for p in node.args["activation_params"]]
         last = not activation and not node.tensor("Sum")
         y = b.op("Conv", *inputs, hint="conv", dtype=np.float32,
-                 out=node.outputs[0] if last else None, **_attrs(node, _CONV_NAMES))
+                 out=node.outputs[0] if last else None,
+                 **standard_attributes(node.args, _CONV_NAMES))
         if node.tensor("Sum"):
             y = b.Add(y, node.tensor("Sum"), hint="summed",
                       out=None if activation else node.outputs[0])
@@ -243,8 +234,7 @@ class Conv(_Nchwc):
             b.op("LeakyRelu", y, alpha=params[0] if params else 0.01, hint="act", out=out,
                  dtype=np.float32)
         elif activation == "Clip":
-            low, high = (params + [float("-inf"), float("inf")])[:2] if len(params) < 2 \
-                else params[:2]
+            low, high = (params + [float("-inf"), float("inf")])[:2]
             b.Clip(y, np.array(low, np.float32), np.array(high, np.float32), hint="act",
                    out=out)
         elif activation == "HardSigmoid":
@@ -264,7 +254,7 @@ class _Pool(_Nchwc):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         b.op(self.standard, node.tensor("X"), hint="pooled", out=node.outputs[0],
-             dtype=np.float32, **_attrs(node, tuple(self.attributes_kept)))
+             dtype=np.float32, **standard_attributes(node.args, tuple(self.attributes_kept)))
 
     attributes_kept: tuple[str, ...] = ()
 

@@ -36,6 +36,7 @@ Envelope: opsets 11+; ranks known (3 to 5); dims dynamic.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -67,11 +68,12 @@ class Facts(NamedTuple):
     quantization: tuple[np.ndarray, ...] | None = None
 
 
-def _standard_attributes(node: MatchedNode, names: tuple[str, ...]) -> dict[str, Any]:
-    """The node's attributes the standard op takes, defaults left out."""
+def standard_attributes(args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The attributes ``names`` of a node's parsed ``args`` as the standard op takes them
+    (strings decoded, sequences as lists), defaults and absent ones left out."""
     found: dict[str, Any] = {}
     for name in names:
-        value = node.args.get(name)
+        value = args.get(name)
         if isinstance(value, bytes):
             value = value.decode()
         if value in ((), None, "NOTSET") or (name == "group" and value == 1) or \
@@ -147,18 +149,6 @@ class _ChannelsLast(Pattern[Facts]):
         return (self.data,)
 
 
-def _attrs_of(args: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-    for name in names:
-        value = args.get(name)
-        if isinstance(value, bytes):
-            value = value.decode()
-        if value in ((), None, "NOTSET"):
-            continue
-        found[name] = list(value) if isinstance(value, (tuple, list)) else value
-    return found
-
-
 _CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
@@ -227,7 +217,7 @@ class QLinearConv(_ChannelsLast):
             inputs.append(node.tensor("B"))
         return b.op("QLinearConv", *inputs, hint="conv", out=out,
                     dtype=numpy_dtype(facts.elem_type),
-                    **_standard_attributes(node, _CONV_NAMES))
+                    **standard_attributes(node.args, _CONV_NAMES))
 
     def _qdq(self, b: Builder, node: MatchedNode, facts: Facts, x: str | Value,
              out: str | None) -> Value:
@@ -266,14 +256,14 @@ class QLinearConv(_ChannelsLast):
             inputs.append(b.op("DequantizeLinear", node.tensor("B"), *bias_args,
                                hint="bias_float", dtype=f32, **axis))
         conv = b.op("Conv", *inputs, hint="conv", dtype=f32,
-                    **_standard_attributes(node, _CONV_NAMES))
+                    **standard_attributes(node.args, _CONV_NAMES))
         return b.op("QuantizeLinear", conv, b.const(y_scale.astype(f32).reshape(()),
                                                     hint="y_scale"),
                     b.const(y_zero.reshape(()), hint="y_zero"), hint="quantized", out=out,
                     dtype=dtype)
 
     def reference_op(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        return "QLinearConv", _attrs_of(args, _CONV_NAMES)
+        return "QLinearConv", standard_attributes(args, _CONV_NAMES)
 
     def reference_inputs(self) -> tuple[str, ...]:
         return ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale",
@@ -301,7 +291,7 @@ class NhwcMaxPool(_ChannelsLast):
 
     def standard(self, b: Builder, node: MatchedNode, facts: Facts, x: str | Value,
                  out: str | None) -> Value:
-        attrs = _standard_attributes(node, _POOL_NAMES)
+        attrs = standard_attributes(node.args, _POOL_NAMES)
         dtype = numpy_dtype(facts.elem_type)
         if b.opset >= 12:
             return b.op("MaxPool", x, hint="pooled", out=out, dtype=dtype, **attrs)
@@ -311,7 +301,7 @@ class NhwcMaxPool(_ChannelsLast):
         return b.Cast(pooled, dtype, hint="pooled", out=out)
 
     def reference_op(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        return "MaxPool", _attrs_of(args, _POOL_NAMES)
+        return "MaxPool", standard_attributes(args, _POOL_NAMES)
 
 
 class NhwcConv(_ChannelsLast):
@@ -338,10 +328,10 @@ class NhwcConv(_ChannelsLast):
         if node.tensor("B"):
             inputs.append(node.tensor("B"))
         return b.op("Conv", *inputs, hint="conv", out=out, dtype=numpy_dtype(facts.elem_type),
-                    **_standard_attributes(node, _CONV_NAMES))
+                    **standard_attributes(node.args, _CONV_NAMES))
 
     def reference_op(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        return "Conv", _attrs_of(args, _CONV_NAMES)
+        return "Conv", standard_attributes(args, _CONV_NAMES)
 
     def reference_inputs(self) -> tuple[str, ...]:
         return ("X", "W", "B")
