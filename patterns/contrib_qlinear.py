@@ -297,10 +297,16 @@ class _Binary(_QLinear):
             return facts  # both constant: leave it to the standard form (folded later)
         return facts._replace(folded=tuple(folded))
 
+    float_numpy: Any = None  # the numpy twin of float_op_type (a ufunc)
+
     def float_op(self, b: Builder, node: MatchedNode, floats: list[Value], facts: Facts
                  ) -> Value:
         return b.op(self.float_op_type, *floats, hint=self.float_op_type.lower(),
                     dtype=np.float32)
+
+    def float_reference(self, args: dict[str, Any], floats: list[np.ndarray],
+                        tensors: dict[str, np.ndarray | None]) -> np.ndarray:
+        return np.asarray(self.float_numpy(floats[0], floats[1]), np.float32)
 
 
 def _binary_inputs() -> tuple[In, ...]:
@@ -310,23 +316,17 @@ def _binary_inputs() -> tuple[In, ...]:
 class QLinearAdd(_Binary):
     op_type = "QLinearAdd"
     float_op_type = "Add"
+    float_numpy = np.add
     forms = (Form("QLinearAdd", domains=MS, inputs=_binary_inputs()),)
     examples = _elementwise_examples("a", "b")
-
-    def float_reference(self, args: dict[str, Any], floats: list[np.ndarray],
-                        tensors: dict[str, np.ndarray | None]) -> np.ndarray:
-        return floats[0] + floats[1]
 
 
 class QLinearMul(_Binary):
     op_type = "QLinearMul"
     float_op_type = "Mul"
+    float_numpy = np.multiply
     forms = (Form("QLinearMul", domains=MS, inputs=_binary_inputs()),)
     examples = _elementwise_examples("a", "b")
-
-    def float_reference(self, args: dict[str, Any], floats: list[np.ndarray],
-                        tensors: dict[str, np.ndarray | None]) -> np.ndarray:
-        return floats[0] * floats[1]
 
 
 _X = Quantized("X", "X_scale", "X_zero_point")
