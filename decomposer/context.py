@@ -216,8 +216,16 @@ def _runtime_inferred(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        inferred = SymbolicShapeInference.infer_shapes(light, auto_merge=True,
-                                                       guess_output_rank=True)
+        # SymbolicShapeInference.infer_shapes's own loop, minus its last step: when some
+        # shape stays unknown it saves the model as sym_shape_infer_temp.onnx (and external
+        # data) into the working directory, the user's, and raises; what it did find is
+        # kept here instead
+        tool = SymbolicShapeInference(2 ** 31 - 1, True, True, 0)
+        tool._preprocess(light)
+        while tool.run_:
+            tool._infer_impl()
+        tool._update_output_from_vi()
+        inferred = tool.out_mp_
     except Exception as exc:  # best effort, as ONNX's own inference
         log.debug("ONNX Runtime's symbolic shape inference failed: %s", exc)
         return {}
@@ -229,7 +237,7 @@ def _runtime_inferred(light: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     # the first input's type and rank (guess_output_rank), which is often wrong
     # (a quantized embedding's float output typed int32, a quantized attention's uint8:
     # measured on a quantize_dynamic BERT)
-    handled = set(SymbolicShapeInference(2 ** 31 - 1, True, True, 0).dispatcher_)
+    handled = set(tool.dispatcher_)
     guessed: set[str] = set()
     for node in light.graph.node:
         domain = norm_domain(node.domain)

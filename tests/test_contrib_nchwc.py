@@ -97,3 +97,17 @@ def test_runs_on_openvino(tmp_path):
     with torch.no_grad():
         want = net(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_run_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
+    """This model leaves ONNX Runtime's symbolic shape inference incomplete, and its
+    infer_shapes then saves sym_shape_infer_temp.onnx (and external data) into the working
+    directory; decomposer runs the tool's loop without that step."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    _, model = _saved(folder, 16)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    decomposer.decompose(model)
+    assert list(work.iterdir()) == []

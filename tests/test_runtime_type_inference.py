@@ -75,3 +75,4 @@ def test_the_runtime_tool_is_not_asked_when_types_are_known(monkeypatch):
                                                     helper.make_opsetid("com.microsoft", 1)])
     _, report = decomposer.decompose_with_report(model)
     assert report.counts == {"QuickGelu": 1}
+
