@@ -373,6 +373,42 @@ class Builder:
         types = list(dtypes or []) + [None] * num_outputs
         return [Value(o, self, types[i]) for i, o in enumerate(outs)]
 
+    def fresh_name(self, hint: str) -> str:
+        """A new tensor name ``<prefix>/<hint>`` that collides with nothing in the model
+        (for names a copied subgraph defines)."""
+        return self._tensor_names.fresh(f"{self.prefix}/{hint}")
+
+    def fresh_node_name(self, hint: str) -> str:
+        """A new node name ``<prefix>/<hint>`` (for nodes of a copied subgraph)."""
+        return self._node_names.fresh(f"{self.prefix}/{hint}")
+
+    def copy_node(self, proto: onnx.NodeProto, inputs: Sequence[str],
+                  outs: Sequence[str | None], hint: str | None = None) -> list[str]:
+        """Append a copy of ``proto`` (op, domain, attributes, doc string as they are) reading
+        ``inputs``; each ``outs`` entry is an existing name to write, ``""`` for an absent
+        output, or None for a new name made from the prefix and ``proto``'s own output name.
+        Returns the output names. For emitting a body written elsewhere (an ONNX function)."""
+        base = f"{self.prefix}/{hint or proto.name or proto.op_type}"
+        out_bases: list[str | None] = []
+        names: list[str] = []
+        for given, original in zip(outs, proto.output, strict=True):
+            if given is None:
+                out_bases.append(f"{self.prefix}/{original}")
+                names.append(self._tensor_names.fresh(f"{self.prefix}/{original}"))
+            else:
+                out_bases.append(None)
+                names.append(given)
+        node = onnx.NodeProto()
+        node.CopyFrom(proto)
+        node.name = self._node_names.fresh(base)
+        del node.input[:]
+        node.input.extend(inputs)
+        del node.output[:]
+        node.output.extend(names)
+        self.nodes.append(node)
+        self.bases.append((base, out_bases))
+        return names
+
     def _binary(self, op_type: str, a: Operand, c: Operand, hint: str | None,
                 out: str | None, result: Any = "same") -> Value:
         like = self._dtype_of(a, c)

@@ -41,6 +41,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from decomposer.functions import with_model_functions
 from decomposer.graphs import OpClassifier, norm_domain, opset_map, subgraphs
 from decomposer.pattern import Form, Pattern, Reject
 from decomposer.registry import Registry
@@ -148,13 +149,21 @@ def find_replaced(original: onnx.ModelProto, decomposed: onnx.ModelProto, regist
                   ) -> tuple[list[ReplacedNode], list[str]]:
     """The replaced nodes, and one note per custom node that is not one (kept, unknown).
     ``lowered``: standard op types the run decomposed on request (they count as custom)."""
-    classifier = OpClassifier({(f.domain, f.name) for f in original.functions},
-                              lowered=frozenset(lowered))
+    # A model-local function the decomposed model no longer holds was inlined: its calls
+    # are replaced nodes, checked against the definition (decomposer.functions).
+    still_defined = {(f.domain, f.name) for f in decomposed.functions}
+    local = {(f.domain, f.name) for f in original.functions}
+    classifier = OpClassifier(local & still_defined, lowered=frozenset(lowered))
+    if local - still_defined:
+        registry = with_model_functions(registry, original)
     after = {scope.key: scope for scope in walk_scopes(decomposed)}
     replaced: list[ReplacedNode] = []
     notes: list[str] = []
     visible: dict[ScopeKey, set[str]] = {}  # names a decomposed scope can see
+    inlined = local - still_defined
     for scope in walk_scopes(original):
+        if _root(scope).key[0] == "function" and _root(scope).key[1:] in inlined:
+            continue  # an inlined body: checked through its calls, against the definition
         counterpart = after.get(scope.key)
         kept = set() if counterpart is None else {
             (norm_domain(n.domain), n.op_type, tuple(n.output)) for n in counterpart.body.node}
@@ -195,6 +204,12 @@ def find_replaced(original: onnx.ModelProto, decomposed: onnx.ModelProto, regist
             else:
                 replaced.append(item)
     return replaced, notes
+
+
+def _root(scope: Scope) -> Scope:
+    while scope.parent is not None:
+        scope = scope.parent
+    return scope
 
 
 def _original_constant(scope: Scope, name: str, base_dir: str | Path | None

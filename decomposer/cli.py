@@ -68,7 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--allow-unsupported", action="store_true",
                         help="keep nodes no pattern can rewrite (warn, exit 0)")
     parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE",
-                        help="load extra patterns from a .py file or module (repeatable)")
+                        help="load extra patterns (repeatable): a .py file or module (pattern "
+                             "classes, or onnxscript functions defining ops), or a .onnx file "
+                             "whose functions define ops")
     parser.add_argument("--override", action="store_true",
                         help="let --patterns replace built-in patterns for the same op")
     parser.add_argument("--target", choices=TARGETS, default="portable",
@@ -315,7 +317,9 @@ def _check_parser() -> argparse.ArgumentParser:
                         help="check as if these standard ops were decomposed too")
     parser.add_argument("--target-opset", type=int, metavar="N", dest="target_opset",
                         help="check as if taken down to opset N: name what cannot go down")
-    parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE")
+    parser.add_argument("--patterns", action="append", default=[], metavar="FILE_OR_MODULE",
+                        help="extra patterns: a .py file or module, or a .onnx function "
+                             "library (repeatable)")
     parser.add_argument("--override", action="store_true")
     parser.add_argument("--report", metavar="FILE.json", help="write the JSON report")
     parser.add_argument("-j", "--jobs", type=int, metavar="N")

@@ -63,6 +63,14 @@ from decomposer.errors import (
     UnsupportedNodeError,
 )
 from decomposer.forms import UnknownTypes
+from decomposer.functions import (
+    drop_inlined_functions,
+    function_key,
+    function_patterns,
+    is_custom_function,
+    reachable_calls,
+    with_model_functions,
+)
 from decomposer.graphs import (
     OpClassifier,
     all_graphs,
@@ -74,6 +82,7 @@ from decomposer.graphs import (
     norm_domain,
     opset_map,
     subgraphs,
+    walk_nodes,
 )
 from decomposer.opsets import LOWERING_DOMAIN, NEWEST_OPSET, take_down
 from decomposer.pattern import Reject
@@ -81,6 +90,9 @@ from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
 
 RUNTIME_ONLY_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
+# Passes over the model at most: each pass also rewrites what the one before wrote (calls
+# nested in function bodies), so this bounds how deep definitions may nest.
+MAX_PASSES = 64
 # Replay one build for identical nodes (decomposer.memo); tests turn it off to compare.
 REUSE_TEMPLATES = True
 
@@ -139,6 +151,10 @@ class _Rewriter:
         self.tensor_names = NameAllocator(tensor_names)
         self.node_names = NameAllocator(node_names)
         self.rewritten_outputs: set[str] = set()  # output names of replaced nodes
+        # Whether a replacement of this pass wrote a node that is itself a candidate (a
+        # function body calling another function): the engine then runs another pass.
+        self.emitted_candidates = False
+        self.opsets: dict[str, int] = {}
         self.reuse = REUSE_TEMPLATES
         # weights patterns built, by content: an equal one is stored once (as a replayed
         # template shares its template's), so building and replaying give the same bytes
@@ -219,6 +235,8 @@ class _Rewriter:
                 # Most recent first: runs of alike nodes (a block repeated) then try the
                 # matching template first. Any matching template gives the same nodes.
                 variants.insert(0, variants.pop(index))
+                if any(norm_domain(domain) for domain in earlier.domains):
+                    self.emitted_candidates = True  # (a custom domain: maybe a candidate)
                 usage.reads.update(memo.outside_reads(earlier, node))
                 usage.domains |= earlier.domains
                 self._replaced(node, scope, pattern.name, count, earlier.declared)
@@ -267,6 +285,9 @@ class _Rewriter:
                    f"ops it becomes ({failure})")
             return False
         builder.commit()
+        if any(not self.classifier.is_standard(new, opsets)
+               for new in walk_nodes(builder.nodes)):
+            self.emitted_candidates = True
         # (replays copy these same ops, so checking the build covers them)
         if any(not self.schema_classifier.is_standard(new, opsets) for new in builder.nodes):
             self.needs_masking = True
@@ -493,7 +514,14 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     # What onnx.checker can judge never depends on the target: it knows no runtime's
     # contrib ops, so those are always set aside as custom when checking.
     schema_classifier = OpClassifier(local_functions)
-    classifier = OpClassifier(local_functions, runtime_ops=_runtime_ops(target),
+    # Calls of a model-local function of a custom domain are inlined for every target but
+    # ONNX Runtime, which inlines them itself (OpenVINO's and TVM's importers refuse them).
+    inline_functions = target != "ort"
+    kept_calls = {(f.domain, f.name) for f in model.functions
+                  if not (inline_functions and is_custom_function(f))}
+    if kept_calls != local_functions:
+        registry = with_model_functions(registry, model)
+    classifier = OpClassifier(kept_calls, runtime_ops=_runtime_ops(target),
                               lowered=lowered)
     source_opset = opsets.get("", 0)
     going_down = target_opset is not None and 0 < target_opset < source_opset
@@ -506,6 +534,10 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             except InvalidModelError:
                 if not _drop_stale_value_info(out, schema_classifier, report, set()):
                     raise
+        if inline_functions and reachable_calls(out):
+            # Inlined at their own opset first: a body taken down on its own knows no
+            # tensor types, which some down-conversions need (CastLike's target type).
+            out = _inline_calls(out, target, base_dir, report)
         type_hints = {}
         _take_down(out, target_opset, report, registry, type_hints)
         opsets = opset_map(list(out.opset_import))
@@ -525,23 +557,32 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     rewriter = _Rewriter(out, registry, report, classifier, schema_classifier, target,
                          None if base_dir is None else os.fspath(base_dir), type_hints)
     main = _Namespace(list(all_nodes(model.graph)))
-    functions = [_FunctionJob(function, opsets) for function in out.functions]
+    # A custom function the main graph calls is inlined from its definition, and dropped
+    # once no call is left: its body is not rewritten in place first.
+    inlined = reachable_calls(model) if inline_functions else set()
+    functions = [_FunctionJob(function, opsets) for function in out.functions
+                 if not (is_custom_function(function) and function_key(function) in inlined)]
     # Passes: a node whose input types are only known once an upstream custom node is
     # rewritten (custom -> standard -> custom) is retried with fresh shape inference.
     # Patterns that declare their output types let plain chains resolve in one pass.
-    while True:
+    # A replacement that writes candidates itself (a function body calling another
+    # function) is followed by another pass, up to a depth no honest model reaches.
+    for _ in range(MAX_PASSES):
         replaced_before = len(report.replaced)
         report.unsupported.clear()
         rewriter.needs_masking = False
+        rewriter.emitted_candidates = False
         usage = rewriter.rewrite_graph(Scope(out.graph, "main graph", None), opsets, main)
         for job in functions:
             job.rewrite(rewriter)
         progress = len(report.replaced) > replaced_before
-        if not report.unsupported or not progress:
+        if not progress or not (report.unsupported or rewriter.emitted_candidates):
             break
         rewriter.types = TypeTables(out, rewriter.type_hints)
     for job in functions:
         job.finish(report, opsets.get("", 0))
+    if inline_functions and report.replaced:
+        drop_inlined_functions(out, model, report)
 
     stuck = [issue for issue in report.unsupported if issue.domain == LOWERING_DOMAIN]
     if report.unsupported and (not allow_unsupported or stuck):
@@ -574,6 +615,20 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
                 raise
             check_output(out, schema_classifier, rewriter.rewritten_outputs)
     return out, report
+
+
+def _inline_calls(model: onnx.ModelProto, target: str,
+                  base_dir: str | os.PathLike[str] | None, report: Report) -> onnx.ModelProto:
+    """``model`` with the calls of its custom model-local functions inlined (nothing else
+    rewritten); what was inlined is added to ``report``."""
+    only_functions = Registry()
+    for pattern in function_patterns(model.functions, "model-local function"):
+        only_functions.register(pattern, source="model-local function")
+    inlined, first = _run(model, registry=only_functions, allow_unsupported=True,
+                          check=False, target=target, lower=(), base_dir=base_dir)
+    report.replaced.extend(first.replaced)
+    report.inlined_functions = first.inlined_functions
+    return inlined
 
 
 def _check_target_opset(target_opset: int | None) -> None:

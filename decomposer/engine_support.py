@@ -12,7 +12,9 @@ opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a const
 ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
 attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a zero point) or
 ``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale whose output
-channel count differs from its input's).
+channel count differs from its input's). A call of a model-local function of a custom
+domain (kept under ``--target ort``) is a gap for each engine the data file's
+``local_functions`` entry says refuses it.
 """
 
 from __future__ import annotations
@@ -132,7 +134,35 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
                               "evidence": entry["evidence"]})
+    _function_call_gaps(model, found)
     return found
+
+
+def _function_call_gaps(model: onnx.ModelProto, found: dict[str, list[dict[str, Any]]]
+                        ) -> None:
+    """Add, for each engine that refuses them, the calls of custom model-local functions."""
+    from decomposer.functions import is_custom_function
+    from decomposer.graphs import walk_nodes
+
+    local = {(norm_domain(f.domain), f.name) for f in model.functions
+             if is_custom_function(f)}
+    if not local:
+        return
+    counts: dict[tuple[str, str], int] = {}
+    bodies = [list(model.graph.node)] + [list(f.node) for f in model.functions]
+    for nodes in bodies:
+        for node in walk_nodes(nodes):
+            key = (norm_domain(node.domain), node.op_type)
+            if key in local:
+                counts[key] = counts.get(key, 0) + 1
+    entry = _data()["local_functions"]
+    for engine, why in entry["refused"].items():
+        if engine in found:
+            for (domain, name), count in sorted(counts.items()):
+                found[engine].append({"op": f"{domain}::{name} (model-local function)",
+                                      "nodes": count, "lower": None,
+                                      "evidence": f"{entry['evidence']}: {why}; fix: "
+                                                  f"{entry['fix']}"})
 
 
 def table() -> str:

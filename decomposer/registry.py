@@ -92,6 +92,11 @@ class Registry:
             return self._by_key[native].pattern, self._forms[native]
         return None
 
+    def answers_exactly(self, domain: str, op_type: str) -> bool:
+        """Whether a pattern is registered for exactly ``domain::op_type`` (not through a
+        pattern that accepts any domain)."""
+        return (norm_domain(domain), op_type) in self._by_key
+
     def __iter__(self) -> Iterator[Entry]:
         return iter(list(self._entries))
 

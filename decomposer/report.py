@@ -53,6 +53,8 @@ class Report:
     # checking.stale_value_info): dropped so that the model passes the checker
     dropped_value_info: list[str] = field(default_factory=list)
     removed_constants: int = 0
+    # model-local functions whose every call was inlined, so the output holds them no more
+    inlined_functions: list[str] = field(default_factory=list)
     input_path: str | None = None
     output_path: str | None = None
     dry_run: bool = False
@@ -88,6 +90,8 @@ class Report:
             head += f" (opset {self.opset})"
         if self.unsupported:
             head += f"; {len(self.unsupported)} unsupported node(s) kept"
+        if self.inlined_functions:
+            head += f"; inlined function(s) {', '.join(self.inlined_functions)}"
         if self.dropped_value_info:
             head += (f"; dropped value_info contradicting its producer: "
                      f"{', '.join(self.dropped_value_info)}")
@@ -108,6 +112,7 @@ class Report:
             "dropped_opset_imports": list(self.dropped_opset_imports),
             "dropped_value_info": list(self.dropped_value_info),
             "removed_constants": self.removed_constants,
+            "inlined_functions": list(self.inlined_functions),
         }
         if self.verification is not None:
             data["verification"] = self.verification.to_dict()

@@ -457,6 +457,12 @@ class _ReferenceRun:
                                     f"evaluator with these inputs: {_first_line(exc)}") from exc
 
 
+def reference_run(model: onnx.ModelProto, registry: Registry) -> _ReferenceRun:
+    """``model`` on ``onnx.reference`` with each custom node calling its pattern's
+    reference (``.run(feeds, names)`` gives the named tensors)."""
+    return _ReferenceRun(model, registry, None)
+
+
 def _map_custom_nodes(scratch: onnx.ModelProto, registry: Registry,
                       lowered: frozenset[str] = frozenset()
                       ) -> tuple[list[type], dict[str, tuple[str, str]]]:

@@ -266,7 +266,8 @@ def test_qdq_verifies(tmp_path):
 def test_qdq_shared_weights_and_a_function_body():
     """Two nodes reading one weight share one repacked initializer (the second replays the
     first's build); a node in a model-local function, which cannot hold initializers, gets
-    its repacked weights as Constant nodes."""
+    its repacked weights as Constant nodes, unless it is inlined (a call under --target
+    qdq is), when they are initializers of the main graph again."""
     rng = np.random.default_rng(12)
     model, _ = _case(rng, 4, 32, 64, 8, "packed", False, opset=21)
     first = model.graph.node[0]
@@ -303,8 +304,12 @@ def test_qdq_shared_weights_and_a_function_body():
                         extra_opsets=["com.microsoft", "local"], functions=[function])
     out = decomposer.decompose(caller, target="qdq")
     onnx.checker.check_model(out, full_check=True)
-    kinds = [node.op_type for node in out.functions[0].node]
+    # the call is inlined (decomposer.functions), then its MatMulNBits rewritten in the
+    # main graph: the repacked weights are initializers again
+    assert not out.functions
+    kinds = [node.op_type for node in out.graph.node]
     assert "DequantizeLinear" in kinds and "MatMulNBits" not in kinds
+    assert [i.data_type for i in out.graph.initializer].count(TensorProto.UINT4) == 2
     np.testing.assert_allclose(_ort(out, {"A": a})[0], kernel[0], atol=1e-5, rtol=1e-5)
 
 

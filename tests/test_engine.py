@@ -109,19 +109,26 @@ def test_model_local_function_body():
                             domain="my.funcs")
     model = make_model([call], [THETA, SIZE], [vi("grid", TensorProto.FLOAT, None)], 17,
                        extra_opsets=["my.funcs", "custom.ops"], functions=[function])
-    # Function bodies carry types only through their own value_info.
+    theta = np.random.default_rng(2).normal(size=(1, 2, 3)).astype(np.float32)
+    size = np.array([1, 1, 3, 5], np.int64)
+    # The portable target inlines the call (decomposer.functions): the body's node then
+    # sits in the main graph, where the types are known.
+    inlined, report = decomposer.decompose_with_report(model)
+    assert not inlined.functions and report.inlined_functions == ["my.funcs::MakeGrid"]
+    (got,) = run_onnxruntime(inlined, {"theta": theta, "size": size})
+    np.testing.assert_allclose(got, grid_torch(theta, size), atol=1e-5)
+    # ONNX Runtime keeps the function (it inlines calls itself), so its body is rewritten
+    # in place; function bodies carry types only through their own value_info.
     with pytest.raises(decomposer.UnsupportedNodeError, match="element type of theta 't'"):
-        decomposer.decompose(model)
+        decomposer.decompose(model, target="ort")
     model.functions[0].value_info.append(vi("t", TensorProto.FLOAT, ["N", "R", "C"]))
     with pytest.raises(decomposer.UnsupportedNodeError, match="cannot tell 2-D from 3-D"):
-        decomposer.decompose(model)
+        decomposer.decompose(model, target="ort")
     model.functions[0].value_info.append(vi("s", TensorProto.INT64, [4]))
-    out, report = decomposer.decompose_with_report(model)
+    out, report = decomposer.decompose_with_report(model, target="ort")
     assert report.replaced[0].graph == "function 'my.funcs::MakeGrid'"
     assert [i.domain for i in out.functions[0].opset_import] == [""]
     onnx.checker.check_model(out, full_check=True)
-    theta = np.random.default_rng(2).normal(size=(1, 2, 3)).astype(np.float32)
-    size = np.array([1, 1, 3, 5], np.int64)
     (got,) = run_onnxruntime(out, {"theta": theta, "size": size})
     np.testing.assert_allclose(got, grid_torch(theta, size), atol=1e-5)
 

@@ -209,7 +209,9 @@ def test_nested_graphs_and_functions_go_down():
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])])
     model = helper.make_model(graph, functions=[function], opset_imports=[
         helper.make_opsetid("", 18), helper.make_opsetid("mylab", 1)])
-    out = decomposer.decompose(model, target_opset=15)
+    # --target ort keeps the model-local function, so its body goes down in place; the
+    # portable target inlines the call (checked last)
+    out = decomposer.decompose(model, target_opset=15, target="ort")
     onnx.checker.check_model(out, full_check=True)
     branch = next(n for n in out.graph.node if n.op_type == "If")
     for attribute in branch.attribute:
@@ -225,6 +227,16 @@ def test_nested_graphs_and_functions_go_down():
         feeds = {"c": np.array(condition), "x": x, "m": np.stack([x, 2 * x])}
         want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
         got = ort.InferenceSession(out.SerializeToString()).run(None, feeds)
+        np.testing.assert_array_equal(got[0], want[0])
+    inlined = decomposer.decompose(model, target_opset=15)
+    onnx.checker.check_model(inlined, full_check=True)
+    assert not inlined.functions
+    mean = next(n for n in inlined.graph.node if n.op_type == "ReduceMean")
+    assert mean.name.startswith("call/") and len(mean.input) == 1
+    for condition in (True, False):
+        feeds = {"c": np.array(condition), "x": x, "m": np.stack([x, 2 * x])}
+        want = ort.InferenceSession(model.SerializeToString()).run(None, feeds)
+        got = ort.InferenceSession(inlined.SerializeToString()).run(None, feeds)
         np.testing.assert_array_equal(got[0], want[0])
 
 

@@ -374,15 +374,30 @@ def test_scan_body_node_is_checked_per_slice():
 
 
 def test_function_node_is_checked_per_call_site():
+    # --target ort keeps the function: its body's node is checked at each call site
     model = function_model()
-    good = decomposer.verify(model, decomposer.decompose(model), feeds=theta_feeds())
+    kept = decomposer.decompose(model, target="ort")
+    good = decomposer.verify(model, kept, feeds=theta_feeds())
     assert good.passed, good.table()
     contexts = sorted(c.context for c in good.checks)
     assert len(contexts) == 2 and "call 'first'" in contexts[0] \
         and "call 'second'" in contexts[1]
-    wrong = decomposer.decompose(model, registry=broken_registry(OffByOneAlignCorners()))
+    wrong = decomposer.decompose(model, registry=broken_registry(OffByOneAlignCorners()),
+                                 target="ort")
     bad = decomposer.verify(model, wrong, feeds=theta_feeds())
     assert failing_nodes(bad) == {"in_function"} and len(bad.failures) == 2
+
+
+def test_inlined_calls_are_checked_against_the_definition():
+    # the portable target inlines each call; the reference is the definition, run with the
+    # reference of the custom node inside it
+    model = function_model()
+    good = decomposer.verify(model, decomposer.decompose(model), feeds=theta_feeds())
+    assert good.passed, good.table()
+    assert {c.node for c in good.checks if c.kind == "node"} == {"first", "second"}
+    wrong = decomposer.decompose(model, registry=broken_registry(OffByOneAlignCorners()))
+    bad = decomposer.verify(model, wrong, feeds=theta_feeds())
+    assert failing_nodes(bad) == {"first", "second"}
 
 
 def test_unexposable_nested_node_is_checked_through_graph_outputs():
