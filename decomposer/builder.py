@@ -373,6 +373,15 @@ class Builder:
         types = list(dtypes or []) + [None] * num_outputs
         return [Value(o, self, types[i]) for i, o in enumerate(outs)]
 
+    def __getattr__(self, name: str) -> Any:
+        # only reached for a name the class lacks: most often an op with no method here
+        if name[:1].isupper():
+            raise AttributeError(
+                f"Builder has no method {name!r}: emit any standard op with "
+                f"b.op({name!r}, *inputs, **attributes) (b.op_multi(...) for several "
+                f"outputs); the methods are listed in docs/writing-a-pattern.md")
+        raise AttributeError(f"'Builder' object has no attribute {name!r}")
+
     def fresh_name(self, hint: str) -> str:
         """A new tensor name ``<prefix>/<hint>`` that collides with nothing in the model
         (for names a copied subgraph defines)."""

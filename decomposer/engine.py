@@ -270,10 +270,7 @@ class _Rewriter:
                    "machine has for the constants it would build")
             return False
         except Exception as exc:
-            raise PatternBugError(
-                f"pattern {pattern.name} failed on node '{node.name}' "
-                f"({node.domain or '<default domain>'}::{node.op_type}): "
-                f"{type(exc).__name__}: {exc}") from exc
+            raise PatternBugError(_crash_message(pattern, node, exc, self.registry)) from exc
         produced = {out for new in builder.nodes for out in new.output}
         missing = [out for out in node.output if out and out not in produced]
         if missing:
@@ -373,6 +370,29 @@ class _Rewriter:
                 self.types.record(scope.namespace, name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
                                                  scope.label, pattern_name, count))
+
+
+def _crash_message(pattern: Any, node: onnx.NodeProto, exc: Exception,
+                   registry: Registry) -> str:
+    """What a pattern's crash says: the pattern, where it came from, the node, and the line
+    of the pattern's own file the error came from (a user's pattern is theirs to fix)."""
+    import inspect
+    import traceback
+
+    source = next((entry.source for entry in registry if entry.pattern is pattern),
+                  "built-in")
+    try:
+        own_file = inspect.getfile(type(pattern))
+    except (TypeError, OSError):
+        own_file = ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    mine = [frame for frame in frames if own_file and frame.filename == own_file]
+    where = f" at {mine[-1].filename}:{mine[-1].lineno} (in {mine[-1].name})" if mine else ""
+    whose = "" if source == "built-in" else \
+        f" (from {source}: an error in that pattern, not in the model)"
+    return (f"pattern {pattern.name}{whose} failed on node '{node.name}' "
+            f"({node.domain or '<default domain>'}::{node.op_type}){where}: "
+            f"{type(exc).__name__}: {exc}")
 
 
 def _no_pattern_reason(node: onnx.NodeProto, target: str, opset: int = 0) -> str:

@@ -234,7 +234,9 @@ class Pattern(Generic[FactsT]):
                 ) -> list[np.ndarray]:
         """numpy reference on the normalized call (patterns with ``forms``): the tensor
         inputs by argument name (None: absent) and ``args`` as ``check`` sees them."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"pattern {self.name} has no numpy reference: define compute(self, args, "
+            f"**tensors) returning the list of output arrays (docs/writing-a-pattern.md)")
 
     def evaluate(self, form: Form, inputs: Sequence[np.ndarray | None],
                  attrs: Mapping[str, Any]) -> list[np.ndarray]:
@@ -249,6 +251,9 @@ class Pattern(Generic[FactsT]):
         """numpy reference of the op's first native spelling (inputs in order, attributes
         by name); patterns with ``forms`` get it from ``compute``."""
         if not self.forms:
-            raise NotImplementedError
+            raise NotImplementedError(
+                f"pattern {self.name} has no numpy reference: define reference(self, "
+                f"*inputs, **attrs) returning the list of output arrays "
+                f"(docs/writing-a-pattern.md)")
         form = self.native_form()
         return self.evaluate(form, inputs, form.coerce_attributes(attrs))

@@ -97,6 +97,35 @@ def _no_fold_barrier(node: onnx.NodeProto, facts: _Facts) -> str | None:
     return None
 
 
+# ops a Reshape target may pass through on its way from Shape and constants
+_SHAPE_PLUMBING = {"Shape", "Concat", "Gather", "Slice", "Squeeze", "Unsqueeze", "Cast",
+                   "Identity", "Constant"}
+_SIZE_ARITHMETIC = {"Add", "Sub", "Mul", "Div", "Mod", "Neg", "Abs", "Max", "Min",
+                    "ReduceProd", "ReduceSum", "ReduceMax", "ReduceMin", "Where"}
+
+
+def _reshape_target_from_shape(node: onnx.NodeProto, facts: _Facts) -> str | None:
+    if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] in facts.constants:
+        return None
+    pending, seen = [node.input[1]], set()
+    while pending:
+        name = pending.pop()
+        if name in seen or name in facts.constants or name in facts.initializers:
+            continue
+        seen.add(name)
+        producer = facts.producers.get(name)
+        if producer is None or norm_domain(producer.domain):
+            continue  # a graph input (a size the caller gives) is not arithmetic
+        if producer.op_type in _SIZE_ARITHMETIC:
+            if all(i in facts.constants for i in producer.input if i):
+                continue  # folds to a constant
+            return (f"target '{node.input[1]}' is computed by {producer.op_type} "
+                    f"'{producer.name}' (arithmetic on sizes)")
+        if producer.op_type in _SHAPE_PLUMBING and producer.op_type != "Shape":
+            pending.extend(i for i in producer.input if i)
+    return None
+
+
 def _ascending_range(node: onnx.NodeProto, facts: _Facts) -> str | None:
     if node.op_type == "Range" and len(node.input) == 3:
         delta = facts.constants.get(node.input[2])
@@ -245,7 +274,8 @@ RULES: tuple[Rule, ...] = (
     Rule("Reshape targets come from `Shape` (and `Concat` with int64 constants), not from "
          "arithmetic on sizes; after a gather whose shape may be lost, no 0 or -1",
          "TVM refuses a computed target (\"Reshape requires the input new shape to be "
-         "Shape\") and cannot infer a -1 after a Range of computed length"),
+         "Shape\") and cannot infer a -1 after a Range of computed length",
+         _reshape_target_from_shape),
     Rule("Mind empty dims: a flattened batch goes back with `b.ReshapeBatchFirst`, or through "
          "a layout whose only possibly-empty dim sits where the input has it",
          "Reshape's 0 copies the input's dim, so (0, ...) comes back as (2, 0, ...) or "

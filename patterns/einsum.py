@@ -18,9 +18,12 @@ agreement to float rounding). A letter repeated within one operand (a diagonal, 
 is its diagonal (the elements off it set to 0 by a Where, then summed away).
 
 The Reshapes are skipped where each group is one dim already, and their targets are
-constants wherever the sizes allow (static products, 0 for a dim that keeps its place, one
--1); a target computed from Shape is the last resort, as is a diagonal mask from a run-time
-Range: TVM 0.27 runs neither (measured), ONNX Runtime and OpenVINO run both.
+constants (static products, 0 for a dim that keeps its place, one -1). Where no constant
+target exists (two groups of several dynamic dims), the pair is multiplied at full rank
+instead, ``(batch, L.., 1.., K..) * (batch, 1.., R.., K..)``, and the contracted letters
+summed: TVM 0.27 cannot import a Reshape target computed from sizes (measured), and the
+full-rank product costs memory L·R·K, so it is the last resort, as is a diagonal mask from a
+run-time Range (TVM runs neither; ONNX Runtime and OpenVINO run both).
 
 Envelope: opset 11+; float16/32/64, int32/int64, uint32/uint64 (the types MatMul takes);
 every operand's rank known; dims dynamic.
@@ -222,31 +225,42 @@ def _contract(b: Builder, a: Value, a_term: str, c: Value, c_term: str, keep: st
     a_t = _permute(b, a, a_term, a_order, f"a{index}")
     c_t = _permute(b, c, c_term, c_order, f"b{index}")
     nb = len(batch)
+    term = "".join(batch + left + right)
+    if not (_flat_is_constant(nb, left, contracted, sizes)
+            and _flat_is_constant(nb, contracted, right, sizes)
+            and _unflat_is_constant(nb, left, right, sizes)):
+        # Flattening would need a Reshape target computed from sizes (ReduceProd), which
+        # TVM cannot import: multiply at full rank and sum the contracted letters instead
+        # (batch, L, 1.., K) * (batch, 1.., R, K)
+        a_full = b.Unsqueeze(a_t, list(range(nb + len(left), nb + len(left) + len(right))),
+                             hint=f"a{index}_full") if right else a_t
+        c_perm = _permute(b, c_t, "".join(c_order), batch + right + contracted, f"b{index}r")
+        c_full = b.Unsqueeze(c_perm, list(range(nb, nb + len(left))),
+                             hint=f"b{index}_full") if left else c_perm
+        product = b.Mul(a_full, c_full, hint=f"contract{index}")
+        if contracted:
+            rank = nb + len(left) + len(right) + len(contracted)
+            product = b.ReduceSum(product, list(range(rank - len(contracted), rank)),
+                                  keepdims=False, hint=f"contract{index}_sum")
+        return product, term
     # (batch, L, K) @ (batch, K, R); the batch dims stay (MatMul broadcasts them)
     a_flat = _flatten(b, a_t, nb, left, contracted, sizes, f"a{index}")
     c_flat = _flatten(b, c_t, nb, contracted, right, sizes, f"b{index}")
     product = b.MatMul(a_flat, c_flat, hint=f"contract{index}")
-    term = "".join(batch + left + right)
     if len(left) == 1 and len(right) == 1:
         return product, term
     # the left letter of one keeps its place (0 copies it); the others are static or -1
     target = _constant_target(nb, [(sizes.get(x), len(left) == 1 and x in left)
                                    for x in left + right])
-    if target is not None:
-        return b.Reshape(product, target, hint=f"unflat{index}"), term
-    result_shape = b.Concat(
-        b.Shape(product, 0, nb, hint=f"out{index}_batch"),
-        b.Shape(a_t, nb, nb + len(left), hint=f"out{index}_left"),
-        b.Shape(c_t, nb + len(contracted), len(c_order), hint=f"out{index}_right"),
-        axis=0, hint=f"out{index}_shape")
-    return b.Reshape(product, result_shape, hint=f"unflat{index}"), term
+    assert target is not None  # (checked above: _unflat_is_constant)
+    return b.Reshape(product, target, hint=f"unflat{index}"), term
 
 
 def _constant_target(nb: int, dims: list[tuple[int | None, bool]]) -> np.ndarray | None:
     """A constant Reshape target for ``nb`` batch dims (0: copied) and ``dims``, each a
     (static size or None, whether 0 may copy it) pair; None if more than one would be -1.
-    TVM cannot Reshape to a shape computed from Shape (measured), so the computed target
-    is the last resort."""
+    TVM cannot Reshape to a target computed from sizes (measured): where no constant
+    target exists, :func:`_contract` multiplies at full rank instead of flattening."""
     target = [0] * nb
     for size, copies in dims:
         if size == 0:
@@ -255,12 +269,8 @@ def _constant_target(nb: int, dims: list[tuple[int | None, bool]]) -> np.ndarray
     return np.array(target, np.int64) if target.count(-1) <= 1 else None
 
 
-def _flatten(b: Builder, x: Value, nb: int, first: list[str], second: list[str],
-             sizes: dict[str, int | None], hint: str) -> Value:
-    """``x`` (batch dims, the letters of ``first``, then of ``second``) as (batch,
-    prod(first), prod(second))."""
-    if len(first) == 1 and len(second) == 1:
-        return x
+def _group_dims(first: list[str], second: list[str], sizes: dict[str, int | None]
+                ) -> list[tuple[int | None, bool]]:
     dims = []
     for place, group in enumerate((first, second)):
         known = [sizes.get(c) for c in group]
@@ -269,29 +279,36 @@ def _flatten(b: Builder, x: Value, nb: int, first: list[str], second: list[str],
         # a dynamic group of one letter that sits where it stays: copied by 0
         copies = len(group) == 1 and (place == 0 or len(first) == 1)
         dims.append((static, copies))
-    target = _constant_target(nb, dims)
-    if target is not None:
-        return b.Reshape(x, target, hint=f"{hint}_flat")
-    shape = b.Shape(x, hint=f"{hint}_shape")
-    split = nb + len(first)
-    return b.Reshape(x, b.Concat(
-        b.Shape(x, 0, nb, hint=f"{hint}_batch"),
-        _product(b, shape, nb, split, f"{hint}_first"),
-        _product(b, shape, split, split + len(second), f"{hint}_second"),
-        axis=0, hint=f"{hint}_flat_shape"), hint=f"{hint}_flat")
+    return dims
+
+
+def _flat_is_constant(nb: int, first: list[str], second: list[str],
+                      sizes: dict[str, int | None]) -> bool:
+    """Whether :func:`_flatten` writes a constant target (or no Reshape)."""
+    return (len(first) == 1 and len(second) == 1) or \
+        _constant_target(nb, _group_dims(first, second, sizes)) is not None
+
+
+def _unflat_is_constant(nb: int, left: list[str], right: list[str],
+                        sizes: dict[str, int | None]) -> bool:
+    return (len(left) == 1 and len(right) == 1) or _constant_target(
+        nb, [(sizes.get(x), len(left) == 1 and x in left) for x in left + right]) is not None
+
+
+def _flatten(b: Builder, x: Value, nb: int, first: list[str], second: list[str],
+             sizes: dict[str, int | None], hint: str) -> Value:
+    """``x`` (batch dims, the letters of ``first``, then of ``second``) as (batch,
+    prod(first), prod(second))."""
+    if len(first) == 1 and len(second) == 1:
+        return x
+    target = _constant_target(nb, _group_dims(first, second, sizes))
+    assert target is not None  # (_contract multiplies at full rank otherwise)
+    return b.Reshape(x, target, hint=f"{hint}_flat")
 
 
 def _permute(b: Builder, x: Value, term: str, order: list[str], hint: str) -> Value:
     perm = [term.index(c) for c in order]
     return x if perm == list(range(len(perm))) else b.Transpose(x, perm, hint=f"{hint}_t")
-
-
-def _product(b: Builder, shape: Value, start: int, end: int, hint: str) -> Value:
-    """(1,) int64: the product of shape[start:end] (1 when empty)."""
-    if start == end:
-        return b.ints([1], hint=f"{hint}_one")
-    return b.ReduceProd(b.Slice(shape, [start], [end], [0], hint=f"{hint}_dims"), [0],
-                        keepdims=True, hint=hint)
 
 
 PATTERNS = [Einsum()]
