@@ -103,8 +103,10 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--engine", action="append", default=[], metavar="NAME",
                         help="engine to run the result on: ort (default), openvino, tvm "
                              "(repeatable); each is checked against the same references")
-    verify.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (1e-5)")
-    verify.add_argument("--rtol", type=float, default=1e-4, help="relative tolerance (1e-4)")
+    verify.add_argument("--atol", type=float, default=None,
+                        help="absolute tolerance (default: the tolerance policy, float32 1e-5)")
+    verify.add_argument("--rtol", type=float, default=None,
+                        help="relative tolerance (default: the tolerance policy, float32 1e-5)")
     verify.add_argument("--runs", type=int, default=2,
                         help="generated feed sets, with different dynamic sizes (2)")
     verify.add_argument("--seed", type=int, default=0, help="seed for generated inputs (0)")

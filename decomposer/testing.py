@@ -31,16 +31,16 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from decomposer import tolerances
 from decomposer.api import decompose
 from decomposer.graphs import is_default_domain
 from decomposer.pattern import Form, Pattern
 from decomposer.portability import violations
 from decomposer.registry import Registry, default_registry
 
-# Per-dtype tolerances used when a test gives none: float16 carries ~3 decimal digits.
-DEFAULT_ATOL: dict[Any, float] = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-9}
-DEFAULT_RTOL: dict[Any, float] = {np.float16: 2e-3, np.float32: 1e-5, np.float64: 1e-9}
-Tolerance = float | Mapping[Any, float]
+# The shared tolerance policy (decomposer.tolerances): float16 carries ~3 decimal digits.
+DEFAULT_ATOL, DEFAULT_RTOL = tolerances.DEFAULT_ATOL, tolerances.DEFAULT_RTOL
+Tolerance = tolerances.Tolerance
 
 
 @dataclass
@@ -162,17 +162,29 @@ def check_pattern(
     registry: Registry | None = None,
     target: str = "portable",
     form: str | Form | None = None,
+    engines: Sequence[str] = ("ort",),
+    edge_sizes: bool | Sequence[int] = True,
 ) -> list[CaseResult]:
-    """Decompose single-node models of ``pattern``'s op and compare them on ORT.
+    """Decompose single-node models of ``pattern``'s op and compare them on each engine.
 
     ``oracle(*inputs, **attrs)`` returns the expected output(s); the pattern's own
-    ``reference`` is always compared too. ``domain`` defaults to the first of the pattern's
-    ``domains`` (``"custom.test"`` for a pattern that accepts any domain). ``registry``
-    defaults to the default registry plus ``pattern`` if it is not in it yet. ``form``
-    picks the spelling the nodes are written in (a :class:`Form` of the pattern, or the
-    op_type of one); by default the pattern's first native one. Under the portable target
-    every result must also pass :func:`decomposer.portability.violations`.
+    ``compute`` (``reference``) is always compared too. ``domain`` defaults to the first of
+    the pattern's ``domains`` (``"custom.test"`` for a pattern that accepts any domain).
+    ``registry`` defaults to the default registry plus ``pattern`` if it is not in it yet.
+    ``form`` picks the spelling the nodes are written in (a :class:`Form` of the pattern,
+    or the op_type of one); by default the pattern's first native one. Under the portable
+    target every result must also pass :func:`decomposer.portability.violations`.
+
+    ``engines`` names the engines every input set runs on (:mod:`decomposer.engines`:
+    ``"ort"``, ``"openvino"``, ``"tvm"``; one that is not installed is an error). With
+    ``edge_sizes`` (True: sizes 0 and 1; or the sizes to try), each group of symbolic dims
+    (see :func:`edge_size_inputs`) also runs at those sizes, where the pattern's reference
+    accepts them; a derived set the reference rejects is skipped.
     """
+    from decomposer import engines as engine_registry
+
+    for engine in engines:
+        engine_registry.require(engine)
     registry = registry if registry is not None else _registry_with(pattern)
     native = _native_form(pattern, form)
     if domain is None:
@@ -193,27 +205,101 @@ def check_pattern(
                 assert not problems, (f"{where}: breaks the portability rules "
                                       f"(decomposer.portability): {'; '.join(problems)}")
             worst = 0.0
-            for set_index, inputs in enumerate([case.inputs, *case.more_inputs]):
-                feeds = {f"input{i}": np.asarray(a) for i, a in enumerate(inputs)
-                         if i not in case.constant_inputs}
-                got = run_onnxruntime(out, feeds)
-                attrs = {k: v for k, v in case.attrs.items() if v is not None}
-                expectations: list[tuple[str, Sequence[Any]]] = [
-                    ("reference", pattern.evaluate(native, inputs, native.coerce_attributes(
-                        attrs) if pattern.declarative else attrs))]
+            attrs = {k: v for k, v in case.attrs.items() if v is not None}
+            sets: list[tuple[str, Sequence[np.ndarray], bool]] = [
+                (f"input set {i}", inputs, False)
+                for i, inputs in enumerate([case.inputs, *case.more_inputs])]
+            if edge_sizes:
+                sizes = (0, 1) if edge_sizes is True else tuple(edge_sizes)
+                sets += [(f"derived set ({label})", inputs, True)
+                         for label, inputs in edge_size_inputs(case, sizes)]
+            for set_label, inputs, derived in sets:
+                try:
+                    reference = pattern.evaluate(native, inputs, native.coerce_attributes(
+                        attrs) if pattern.declarative else attrs)
+                except NotImplementedError:
+                    raise
+                except Exception:
+                    if derived:
+                        continue  # sizes the op itself does not take
+                    raise
+                expectations: list[tuple[str, Sequence[Any]]] = [("reference", reference)]
                 if oracle is not None:
-                    expected = oracle(*inputs, **attrs)
+                    try:
+                        expected = oracle(*inputs, **attrs)
+                    except Exception:
+                        if derived:
+                            continue  # the oracle (torch, say) refuses these sizes
+                        raise
                     expectations.append(("oracle", expected if isinstance(expected, (list, tuple))
                                          else [expected]))
-                for label, expected_outputs in expectations:
-                    for index, (actual, expected) in enumerate(zip(got, expected_outputs,
-                                                                   strict=True)):
-                        context = f"{where}, input set {set_index}, output {index} vs {label}"
-                        worst = max(worst, compare(actual, np.asarray(expected), context,
-                                                   atol=atol, rtol=rtol, equal_nan=equal_nan,
-                                                   signed_zeros=signed_zeros))
+                feeds = {f"input{i}": np.asarray(a) for i, a in enumerate(inputs)
+                         if i not in case.constant_inputs}
+                for engine in engines:
+                    got = _run_on(engine, out, feeds, f"{where}, {set_label}")
+                    for label, expected_outputs in expectations:
+                        for index, (actual, expected) in enumerate(zip(got, expected_outputs,
+                                                                       strict=True)):
+                            context = (f"{where}, {set_label}, output {index} on {engine} vs "
+                                       f"{label}")
+                            worst = max(worst, compare(
+                                np.asarray(actual), np.asarray(expected), context, atol=atol,
+                                rtol=rtol, equal_nan=equal_nan, signed_zeros=signed_zeros))
             results.append(CaseResult(case, opset, out, worst))
     return results
+
+
+def _run_on(engine: str, model: onnx.ModelProto, feeds: Mapping[str, np.ndarray],
+            where: str) -> list[np.ndarray]:
+    if engine == "ort":
+        try:
+            return run_onnxruntime(model, feeds)
+        except Exception as exc:
+            raise AssertionError(f"{where}: ONNX Runtime cannot run the decomposition: "
+                                 f"{str(exc).strip().splitlines()[0]}") from exc
+    from decomposer import engines as engine_registry
+    from decomposer.errors import EngineRunError
+
+    try:
+        return engine_registry.run_model(engine, model, feeds)
+    except EngineRunError as exc:
+        raise AssertionError(f"{where}: {engine} cannot run the decomposition: {exc}") from exc
+
+
+def edge_size_inputs(case: Case, sizes: Sequence[int] = (0, 1)
+                     ) -> list[tuple[str, list[np.ndarray]]]:
+    """The case's first input set with each group of symbolic dims cut to each of
+    ``sizes`` (smaller than the example's); labelled. Dims of one example size in different
+    inputs form a group (a batch shared by two inputs moves together); a size that two dims
+    of one input share, or that a static dim has too, cannot be told apart and is not
+    derived."""
+    groups: dict[int, list[tuple[int, int]]] = {}
+    static_sizes: set[int] = set()
+    for index, array in enumerate(case.inputs):
+        array = np.asarray(array)
+        axes = set(range(array.ndim)) if case.symbolic == "all" else \
+            set(case.symbolic.get(index, ()))  # type: ignore[union-attr]
+        if index in case.constant_inputs:
+            axes = set()
+        for axis in range(array.ndim):
+            if axis in axes:
+                groups.setdefault(int(array.shape[axis]), []).append((index, axis))
+            else:
+                static_sizes.add(int(array.shape[axis]))
+    derived = []
+    for size, members in sorted(groups.items()):
+        owners = [index for index, _ in members]
+        if size in static_sizes or len(owners) != len(set(owners)):
+            continue  # which dims move together is ambiguous
+        for new in sizes:
+            if new >= size:
+                continue
+            arrays = [np.asarray(a) for a in case.inputs]
+            for index, axis in members:
+                arrays[index] = np.take(arrays[index], np.arange(new), axis=axis)
+            dims = ", ".join(f"input{i} dim {a}" for i, a in members)
+            derived.append((f"{dims} = {new}", arrays))
+    return derived
 
 
 def compare(actual: np.ndarray, expected: np.ndarray, context: str = "", *,
@@ -269,7 +355,7 @@ def _tolerance(given: Tolerance | None, defaults: Mapping[Any, float], dtype: np
         for key, value in table.items():
             if np.dtype(key) == dtype:
                 return float(value)
-        return float(defaults.get(dtype.type, 0.0)) if isinstance(defaults, Mapping) else 0.0
+        return float(defaults.get(dtype.type, 0.0))
     return float(table)
 
 

@@ -48,3 +48,12 @@ def pair(dtype: Any, atol: Tolerance | None = None, rtol: Tolerance | None = Non
          ) -> tuple[float, float]:
     """``(atol, rtol)`` for results of ``dtype`` under the policy (or the caller's)."""
     return (tolerance(atol, DEFAULT_ATOL, dtype), tolerance(rtol, DEFAULT_RTOL, dtype))
+
+
+def compared_dtype(actual: np.ndarray, expected: np.ndarray) -> np.dtype:
+    """The dtype whose tolerance applies: the less precise floating dtype of the two (a
+    float64 reference of a float32 result is judged at float32), else ``expected``'s."""
+    floats = [a.dtype for a in (actual, expected) if np.issubdtype(a.dtype, np.inexact)]
+    if not floats:
+        return np.dtype(expected.dtype)
+    return min(floats, key=lambda dtype: dtype.itemsize)

@@ -30,6 +30,7 @@ get a copy with the weights loaded.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import threading
@@ -45,6 +46,7 @@ import onnx
 from onnx import helper
 
 from decomposer import engines as engine_registry
+from decomposer import tolerances
 from decomposer.capture import NodeTap, ReplacedNode, executions, find_replaced, instrument
 from decomposer.errors import EngineRunError, InvalidModelError, VerificationError
 from decomposer.feeds import (
@@ -190,12 +192,23 @@ class Comparison:
     passed: bool
     note: str = ""
     worst_index: tuple[int, ...] = ()
+    atol: float | None = None  # what the comparison used (None: it compared nothing)
+    rtol: float | None = None
 
 
-def compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> Comparison:
+def compare(actual: np.ndarray, expected: np.ndarray, atol: float | None = None,
+            rtol: float | None = None) -> Comparison:
     """numpy's ``allclose(actual, expected, atol, rtol, equal_nan=True)`` with the numbers
-    behind it, in chunks (no full-size float64 copies of big tensors)."""
+    behind it, in chunks (no full-size float64 copies of big tensors). ``atol``/``rtol``
+    default to the tolerance policy (:mod:`decomposer.tolerances`) for the less precise of
+    the two arrays' dtypes."""
     actual, expected = np.asarray(actual), np.asarray(expected)
+    atol, rtol = tolerances.pair(tolerances.compared_dtype(actual, expected), atol, rtol)
+    found = _compare(actual, expected, atol, rtol)
+    return dataclasses.replace(found, atol=atol, rtol=rtol)
+
+
+def _compare(actual: np.ndarray, expected: np.ndarray, atol: float, rtol: float) -> Comparison:
     if actual.shape != expected.shape:
         return Comparison(np.inf, np.inf, np.inf, False,
                            f"shape {list(actual.shape)} != expected {list(expected.shape)}")
@@ -522,8 +535,8 @@ def _first_line(exc: BaseException) -> str:
 
 def verify(original: onnx.ModelProto, decomposed: onnx.ModelProto,
            feeds: Mapping[str, np.ndarray] | Sequence[Mapping[str, np.ndarray]] | None = None,
-           *, mode: str = "fast", engines: Sequence[str] = ("ort",), atol: float = 1e-5,
-           rtol: float = 1e-4, runs: int = 1, seed: int = 0,
+           *, mode: str = "fast", engines: Sequence[str] = ("ort",),
+           atol: float | None = None, rtol: float | None = None, runs: int = 1, seed: int = 0,
            input_shapes: Mapping[str, Sequence[int]] | None = None,
            input_values: Mapping[str, Sequence[float]] | None = None,
            expected: Mapping[str, np.ndarray] | None = None,
@@ -591,7 +604,7 @@ class _Job:
 
     def __init__(self, original: onnx.ModelProto, decomposed: onnx.ModelProto,
                  registry: Registry, base_dir: Path | None, report: VerifyReport,
-                 progress: _Progress, atol: float, rtol: float,
+                 progress: _Progress, atol: float | None, rtol: float | None,
                  expected: Mapping[str, np.ndarray] | None,
                  lowered: frozenset[str] = frozenset()) -> None:
         self.original = original
@@ -613,6 +626,12 @@ class _Job:
                                             self.lowered)
         return self._reference
 
+    def _tolerances(self, result: Comparison) -> tuple[float, float]:
+        """The tolerances a row records: the comparison's, else the caller's or float32's."""
+        if result.atol is not None and result.rtol is not None:
+            return result.atol, result.rtol
+        return tolerances.pair(np.float32, self.atol, self.rtol)
+
     def row(self, tensor: str, kind: str, run: int, engine: str, result: Comparison,
             shape: tuple[int, ...], node: ReplacedNode | tuple[str, str] | None = None,
             context: str = "") -> None:
@@ -620,7 +639,8 @@ class _Job:
             node = (node.name, node.pattern.name)
         self.report.checks.append(TensorCheck(
             tensor, kind, node[0] if node else None, node[1] if node else None, run, shape,
-            result.max_abs, result.max_rel, self.atol, self.rtol, result.passed, result.note,
+            result.max_abs, result.max_rel, *self._tolerances(result), result.passed,
+            result.note,
             engine=engine, context=context, tolerance_used=result.tolerance_used,
             worst_index=result.worst_index))
 
@@ -701,8 +721,9 @@ class _Job:
         try:
             variant, fetched = runner.run(feed, self.graph_outputs)
         except EngineRunError as error:
-            self.report.checks.append(_engine_failure(error, runner.engine, run, replaced,
-                                                      self.atol, self.rtol))
+            self.report.checks.append(_engine_failure(
+                error, runner.engine, run, replaced,
+                *tolerances.pair(np.float32, self.atol, self.rtol)))
             return None, False
         fetched = {**feed, **fetched}
         for tap in variant.taps:
@@ -798,7 +819,8 @@ class _Job:
                         _, got = runner.run(feed, compared)
                     except EngineRunError as error:
                         self.report.checks.append(_engine_failure(
-                            error, runner.engine, run, replaced, self.atol, self.rtol))
+                            error, runner.engine, run, replaced,
+                            *tolerances.pair(np.float32, self.atol, self.rtol)))
                         continue
                 for name in compared:
                     if name not in got:

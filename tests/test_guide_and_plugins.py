@@ -33,7 +33,8 @@ def test_guide_quotes_the_example_files_exactly():
     quoted = re.findall(r"<!-- file: (\S+) -->\n```python\n(.*?)```", text, re.S)
     assert {path for path, _ in quoted} == {
         "docs/examples/export_squareplus.py", "docs/examples/squareplus_pattern.py",
-        "docs/examples/test_squareplus_pattern.py"}
+        "docs/examples/test_squareplus_pattern.py", "docs/examples/squareplus_onnxscript.py",
+        "docs/examples/define_squareplus.py"}
     for path, body in quoted:
         assert body == (ROOT / path).read_text(), f"{path} differs from the guide"
 
@@ -57,6 +58,39 @@ def test_guide_walkthrough(tmp_path, capsys):
     listing = capsys.readouterr().out
     assert re.search(rf"^SquarePlus +\[file {re.escape(pattern_file)}\]", listing, re.M)
     assert "SquarePlus: y = (x + sqrt(x*x + b)) / 2" in listing
+
+
+def test_guide_function_routes(tmp_path):
+    """Section 0: the guide's model decomposes with no pattern class, by each route (the
+    model's own definition, a library written by define(), an onnxscript module); torch's
+    formula is the oracle."""
+    exported = tmp_path / "squareplus.onnx"
+    subprocess.run([sys.executable, str(EXAMPLES / "export_squareplus.py"), str(exported)],
+                   check=True, capture_output=True)
+    library = tmp_path / "ops.onnx"
+    subprocess.run([sys.executable, str(EXAMPLES / "define_squareplus.py"), str(library)],
+                   check=True, capture_output=True)
+    local = onnx.load(exported)
+    local.functions.extend(onnx.load(library).functions)
+    local_path = tmp_path / "local.onnx"
+    onnx.save(local, local_path)
+    x = np.random.default_rng(0).normal(size=(3, 8)).astype(np.float32)
+    t = torch.tanh(torch.from_numpy(x))
+    want = ((t + torch.sqrt(t * t + 1.5)) / 2).numpy()
+    routes = {"model-local": (local_path, []),
+              "library": (exported, ["--patterns", str(library)]),
+              "onnxscript": (exported, ["--patterns",
+                                        str(EXAMPLES / "squareplus_onnxscript.py")])}
+    for route, (source, flags) in routes.items():
+        out = tmp_path / f"{route}.onnx"
+        run = subprocess.run([sys.executable, "-m", "decomposer", str(source), str(out),
+                              *flags, "--verify"], capture_output=True, text=True)
+        assert run.returncode == 0, (route, run.stderr)
+        assert "function custom.ops::SquarePlus x1" in run.stdout, route
+        model = onnx.load(out)
+        assert not model.functions and all(n.domain == "" for n in model.graph.node)
+        (got,) = run_onnxruntime(model, {"x": x})
+        np.testing.assert_allclose(got, want, atol=1e-6, err_msg=route)
 
 
 def test_guide_kit_test_runs():

