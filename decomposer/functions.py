@@ -175,6 +175,15 @@ class FunctionPattern(Pattern[_Body]):
             raise Reject(f"its body is written at opset {body_opset}; ONNX's version "
                          f"converter cannot take it to the model's {ctx.opset}: "
                          f"{_first_line(exc)}") from exc
+        from decomposer.graphs import has_schema, walk_nodes
+
+        unsaid = sorted({node.op_type for node in walk_nodes(converted.graph.node)
+                         if not norm_domain(node.domain)
+                         and not has_schema(node.op_type, ctx.opset, "")})
+        if unsaid:
+            raise Reject(f"its body is written at opset {body_opset} and cannot go down to "
+                         f"the model's {ctx.opset}: opset {ctx.opset} has no "
+                         f"{', '.join(unsaid)} and no pattern lowers it")
         return list(converted.graph.node) + [
             helper.make_node("Constant", [], [init.name], value=init)
             for init in converted.graph.initializer]

@@ -434,3 +434,52 @@ def test_a_library_without_custom_functions_is_one_clear_line(tmp_path):
     assert run.returncode == 2
     assert run.stderr.strip().count("\n") == 0 and "defines no function" in run.stderr
     assert not (tmp_path / "o.onnx").exists()
+
+
+def _one_call_model(op: str, opset: int) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], domain="mylab", name="call")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset),
+                                                    helper.make_opsetid("mylab", 1)])
+    model.ir_version = 8
+    return model
+
+
+def _registry_of(*functions: onnx.FunctionProto):
+    registry = decomposer.registry.build_registry(entry_points=False)
+    for pattern in decomposer.functions.function_patterns(functions, "test"):
+        registry.register(pattern)
+    return registry
+
+
+def test_a_body_at_an_older_opset_goes_up_with_the_version_converter():
+    # ReduceMax takes its axes as an attribute at 13 and as an input from 18
+    peak = helper.make_function("mylab", "RowPeak", ["X"], ["Y"], [
+        helper.make_node("ReduceMax", ["X"], ["Y"], axes=[-1], keepdims=1)],
+        [helper.make_opsetid("", 13)])
+    out = decomposer.decompose(_one_call_model("RowPeak", 18), registry=_registry_of(peak))
+    onnx.checker.check_model(out, full_check=True)
+    reduce = next(node for node in out.graph.node if node.op_type == "ReduceMax")
+    assert len(reduce.input) == 2 and not reduce.attribute[1:]  # axes now an input
+    x = np.random.default_rng(1).standard_normal((3, 4)).astype(np.float32)
+    got = engines.run_model("ort", out, {"x": x})[0]
+    np.testing.assert_array_equal(got, x.max(-1, keepdims=True))
+
+
+def test_a_body_the_model_opset_cannot_say_is_refused_with_the_reason():
+    # StringSplit is ONNX's from opset 20 only, and no pattern lowers it
+    words = helper.make_function("mylab", "Words", ["X"], ["Y"], [
+        helper.make_node("StringSplit", ["X"], ["Y", "counts"])],
+        [helper.make_opsetid("", 20)])
+    graph = helper.make_graph(
+        [helper.make_node("Words", ["x"], ["y"], domain="mylab", name="call")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [2, None])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("mylab", 1)])
+    model.ir_version = 8
+    with pytest.raises(decomposer.UnsupportedNodeError,
+                       match="written at opset 20 and cannot go down to the model's 17"):
+        decomposer.decompose(model, registry=_registry_of(words))

@@ -272,3 +272,33 @@ def test_generated_sections_match_the_code(file_name, name):
     text = (ROOT / file_name).read_text()
     assert section(name) in text, (f"{file_name}'s {name} section is stale: regenerate it "
                                    f"with python scripts/generated_docs.py --write")
+
+
+def test_entry_point_with_onnxscript_functions(tmp_path):
+    """An installed package whose module defines ops as onnxscript functions (the guide's
+    SquarePlus) answers through the decomposer.patterns entry point, no pattern class."""
+    site = tmp_path / "site"
+    package = site / "acme_functions"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text((EXAMPLES / "squareplus_onnxscript.py").read_text())
+    dist = site / "acme_functions-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-functions\n"
+                                   "Version: 1.0\n")
+    (dist / "entry_points.txt").write_text("[decomposer.patterns]\nacme = acme_functions\n")
+    env = {"PYTHONPATH": str(site), "PATH": ""}
+    node = helper.make_node("SquarePlus", ["x"], ["y"], name="sp", domain="custom.ops", b=1.5)
+    info = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", 3]) for n in "xy"]
+    model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid("custom.ops", 1)],
+                              ir_version=8)
+    src, dst = tmp_path / "sp.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    run = subprocess.run([sys.executable, "-m", "decomposer", str(src), str(dst)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    assert "decomposed 1 node (function custom.ops::SquarePlus x1)" in run.stdout
+    x = np.random.default_rng(2).normal(size=(4, 3)).astype(np.float32)
+    (got,) = run_onnxruntime(onnx.load(dst), {"x": x})
+    np.testing.assert_allclose(got, (x + np.sqrt(x * x + 1.5)) / 2, rtol=1e-6, atol=1e-6)
