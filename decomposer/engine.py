@@ -8,9 +8,13 @@ standard ONNX ops, plus a :class:`Report`.
 How it works:
 - A node is a candidate when it is not a standard op at the opset its domain is imported
   at (``onnx.defs``; under the ``ort`` target, ONNX Runtime's own contrib kernels count as
-  standard) and not a call to a model-local function. The engine looks in the main graph,
-  in every graph-valued attribute (If/Loop/Scan bodies) at any depth, and in model-local
-  functions. It knows no op by name.
+  standard). A call to a model-local function of a custom domain is one too, except under
+  ``ort`` (which inlines calls itself): :mod:`decomposer.functions` inlines it from its
+  definition, and a definition no call is left for is dropped. The engine looks in the main
+  graph, in every graph-valued attribute (If/Loop/Scan bodies) at any depth, and in the
+  model-local functions it keeps. It knows no op by name.
+- A replacement that writes candidates itself (a function body calling another function)
+  is followed by another pass over the model, up to ``MAX_PASSES``.
 - A replacement subgraph writes the replaced node's own output names, so consumers and
   graph outputs are untouched. New names start with the replaced node's name and never
   collide with any name in the model.
@@ -270,6 +274,10 @@ class _Rewriter:
                    "machine has for the constants it would build")
             return False
         except Exception as exc:
+            if _is_too_big(exc):  # numpy's "array is too big": the MemoryError case above
+                reject(f"pattern {pattern.name}: the node's sizes ask for more memory than "
+                       "this machine has for the constants it would build")
+                return False
             raise PatternBugError(_crash_message(pattern, node, exc, self.registry)) from exc
         produced = {out for new in builder.nodes for out in new.output}
         missing = [out for out in node.output if out and out not in produced]
@@ -370,6 +378,11 @@ class _Rewriter:
                 self.types.record(scope.namespace, name, elem_type, shape)
         self.report.replaced.append(ReplacedNode(node.name, node.op_type, node.domain,
                                                  scope.label, pattern_name, count))
+
+
+def _is_too_big(exc: BaseException) -> bool:
+    """numpy's ValueError for an array larger than the address space."""
+    return isinstance(exc, ValueError) and "array is too big" in str(exc)
 
 
 def _crash_message(pattern: Any, node: onnx.NodeProto, exc: Exception,

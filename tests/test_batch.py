@@ -198,14 +198,20 @@ def test_ctrl_c_leaves_no_partial_files(tmp_path):
                                start_new_session=True,
                                env={**os.environ, "GATE_TOKEN": str(tmp_path / "token"),
                                     "GATE_OPEN": str(tmp_path / "open")})
-    deadline = time.time() + 120
-    while time.time() < deadline and not (out.exists() and any(out.glob("*.onnx"))) \
-            and process.poll() is None:
-        time.sleep(0.02)
-    assert process.poll() is None, process.communicate()  # still gated, not finished
-    os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
-    (tmp_path / "open").touch()
-    process.communicate(timeout=60)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (out.exists() and any(out.glob("*.onnx"))) \
+                and process.poll() is None:
+            time.sleep(0.02)
+        assert process.poll() is None, process.communicate()  # still gated, not finished
+        os.killpg(process.pid, signal.SIGINT)  # what Ctrl-C sends: the whole process group
+        (tmp_path / "open").touch()
+        process.communicate(timeout=60)
+    finally:  # a failed assertion leaves no gated workers behind
+        (tmp_path / "open").touch()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
     assert process.returncode != 0
     written = sorted(p.name for p in out.iterdir())
     # the first model and those already handed to the pool (the workers' two and the few
