@@ -7,8 +7,8 @@ model's opset: the op, how many nodes, why (the evidence), and the ``--lower`` t
 (None when no pattern can). The knowledge lives in one data file,
 ``decomposer/data/engine_support.json``, from which docs/portability.md's engine table is
 generated; ``tests/test_engine_support.py`` re-measures its ONNX Runtime, OpenVINO and TVM
-entries. Conditions an entry may carry: ``min_opset`` (the op's version at the model's
-opset), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant),
+entries. Conditions an entry may carry: ``min_opset`` and ``max_opset`` (the model's opsets
+the gap spans), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant),
 ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
 attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a zero point) or
 ``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale whose output
@@ -98,7 +98,7 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
              constants: dict[str, list[int] | None]) -> bool:
     if node.op_type != entry["op"] or norm_domain(node.domain) != "":
         return False
-    if opset < int(entry.get("min_opset", 0)):
+    if opset < int(entry.get("min_opset", 0)) or opset > int(entry.get("max_opset", 10**6)):
         return False
     when = entry.get("when")
     if when == "size_not_constant":
@@ -176,7 +176,9 @@ def table() -> str:
                      "per_channel_mixed_channels": "per-channel weights, input and output "
                                                    "channel counts differ"
                      }[entry.get("when")]
-        if entry.get("min_opset"):
+        if entry.get("min_opset") and entry.get("max_opset"):
+            condition = f"opsets {entry['min_opset']}-{entry['max_opset']}"
+        elif entry.get("min_opset"):
             condition = f"opset >= {entry['min_opset']}"
         fix = f"`--lower {entry['lower']}`" if entry.get("lower") else "none (no pattern)"
         lines.append(f"| {names[entry['engine']]} | {entry['op']} | {condition} | {fix} | "

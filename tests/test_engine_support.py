@@ -97,8 +97,21 @@ def _per_channel_qlinear_conv() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]
     return model, {"x": rng.integers(0, 256, (1, 3, 5, 5)).astype(np.uint8)}
 
 
+def _reduction(op: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    graph = helper.make_graph(
+        [helper.make_node(op, ["x"], ["y"], axes=[2], keepdims=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 1, 5])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.random.default_rng(0).uniform(0.5, 2.0, (2, 3, 4, 5)).astype(np.float32)
+    return model, {"x": x}
+
+
 # (engine, op, condition) -> the probe that shows the gap
 PROBES = {
+    ("openvino", "ReduceL1", None): lambda: _reduction("ReduceL1"),
+    ("openvino", "ReduceLogSum", None): lambda: _reduction("ReduceLogSum"),
+    ("openvino", "ReduceLogSumExp", None): lambda: _reduction("ReduceLogSumExp"),
     ("tvm", "AffineGrid", "size_not_constant"): _affine_grid_fed,
     ("tvm", "DeformConv", None): _deform_conv,
     ("openvino", "DeformConv", None): _deform_conv,
