@@ -126,6 +126,12 @@ def _reshape_target_from_shape(node: onnx.NodeProto, facts: _Facts) -> str | Non
     return None
 
 
+def _sorted_top_k(node: onnx.NodeProto, facts: _Facts) -> str | None:
+    if node.op_type == "TopK" and any(a.name == "sorted" and a.i == 0 for a in node.attribute):
+        return "sorted=0"
+    return None
+
+
 def _ascending_range(node: onnx.NodeProto, facts: _Facts) -> str | None:
     if node.op_type == "Range" and len(node.input) == 3:
         delta = facts.constants.get(node.input[2])
@@ -229,6 +235,9 @@ RULES: tuple[Rule, ...] = (
     Rule("`Range` with run-time bounds is integer; `Cast` the result",
          "TensorRT accepts a floating-point Range only with constant bounds (operator "
          "matrix)", _integer_run_time_range),
+    Rule("`TopK` sorts (`sorted=1`, the default); unsorted only for `b.target == \"ort\"`",
+         "TVM's importer refuses it (\"TopK sorted must be 1 for Relax frontend\")",
+         _sorted_top_k),
     Rule("No `Flatten` with axis 0; flatten with `Reshape(x, [-1])`",
          "onnx2torch 1.5.15 converts `Flatten(axis=0)` to a 1-D tensor, not (1, n)",
          _flatten_axis),

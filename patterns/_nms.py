@@ -74,7 +74,12 @@ def keep_top(b: Builder, scores: Value, k: int, size: int | None, rank: int, hin
                                             hint=f"{hint}_filler_shape"), DROPPED,
                                    hint=f"{hint}_filler")
         padded = b.Concat(scores, filler, axis=last, hint=f"{hint}_padded")
-    values, columns = b.TopK(padded, k, axis=last, hint=f"{hint}_top")
+    # Only the kept set matters (it is scattered back in place), and ONNX's TopK breaks
+    # ties by the lower index whether or not it sorts: for ONNX Runtime (--target ort) it
+    # selects without sorting, 4.2 ms instead of 7.8 ms for 80 rows of 8400, k 1000
+    # (measured; the same sets on rows full of ties). TVM's importer refuses sorted=0.
+    values, columns = b.TopK(padded, k, axis=last, sorted=b.target != "ort",
+                             hint=f"{hint}_top")
     dropped = b.ConstantOfShape(b.Shape(padded, hint=f"{hint}_padded_shape"), DROPPED,
                                 hint=f"{hint}_dropped")
     # ScatterND, not ScatterElements: onnx2torch 1.5 converts only the former. A cell is
