@@ -407,18 +407,23 @@ class EmbedLayerNormalization(Pattern[EmbedFacts]):
         if node.tensor("position_ids"):
             positions = rows("position_embedding", b.input(node.tensor("position_ids"),
                                                            np.int32), "positions")
-        else:  # positions 0 .. S-1, an index of ids' own shape (TVM keeps one S then)
-            index = sequence_positions(b, b.Shape(ids, hint="ids_shape"), 1, np.dtype(np.int32),
+        else:  # positions 0 .. S-1: one row of them, (1, S), whose S is ids' own (TVM
+            # then keeps one S); gathered once, not once per batch row, and broadcast
+            row_shape = b.Concat(np.array([1], np.int64), b.Shape(ids, 1, 2, hint="ids_S"),
+                                 axis=0, hint="position_shape")
+            index = sequence_positions(b, row_shape, 1, np.dtype(np.int32),
                                        hint="position_index")
             positions = rows("position_embedding", index, "positions")
-        last_add = node.tensor("segment_ids") == ""
-        s = b.Add(s, positions, hint="word_position",
-                  out=_direct(outputs, "sum", original, dtype) if last_add else None)
-        if not last_add:
-            segments = rows("segment_embedding", b.input(node.tensor("segment_ids"),
-                                                         np.int32), "segments")
-            s = b.Add(s, segments, hint="embedding_sum",
-                      out=_direct(outputs, "sum", original, dtype))
+        # One Sum, not Adds: ONNX Runtime's SkipLayerNormFusion turns an Add feeding the
+        # LayerNormalization into its SkipLayerNormalization, 2.7x slower here than the Add
+        # and LayerNormalization it replaces (docs/performance.md); a Sum it leaves alone.
+        # Sum adds left to right, as the Adds did.
+        terms = [s, positions]
+        if node.tensor("segment_ids"):
+            terms.append(rows("segment_embedding", b.input(node.tensor("segment_ids"),
+                                                           np.int32), "segments"))
+        s = b.op("Sum", *terms, hint="embedding_sum", dtype=s.dtype,
+                 out=_direct(outputs, "sum", original, dtype))
         _finish(b, outputs, s, "sum", original)
         normalize(b, s, [-1], float(node.args["epsilon"]), False, vector("gamma"),
                   vector("beta"), dtype, original, {"output": outputs["output"]})
