@@ -294,15 +294,18 @@ def _repeat_heads(b: Builder, x: Value, query: Value, facts: AttentionFacts,
     if facts.gqa_groups is not None:
         repeats: Any = [*ones, facts.gqa_groups, 1, 1]
     else:
-        # G = Hq / H, read off the query viewed as (*, H, G, L, E) rather than computed
-        # with a Div of shape values (which TVM's importer cannot do).
-        grouped = b.Reshape(query, b.Concat(
-            b.Shape(query, 0, q_rank - 3, hint="query_batch"),
+        # G = Hq / H, read off Hq ones viewed as (H, G) rather than computed with a Div
+        # of shape values (which TVM's importer cannot do); not off the query itself,
+        # whose -1 cannot be inferred when a batch dim is 0.
+        head_ones = b.ConstantOfShape(b.Shape(query, q_rank - 3, q_rank - 2,
+                                              hint="query_head_count"), 1, np.int64,
+                                      hint="query_head_ones")
+        grouped = b.Reshape(head_ones, b.Concat(
             b.Shape(x, rank - 3, rank - 2, hint=f"{label}_head_count"),
-            np.asarray([-1], np.int64), b.Shape(query, q_rank - 2, q_rank, hint="query_LE"),
-            axis=0, hint="query_grouped_shape"), hint="query_grouped")
+            np.asarray([-1], np.int64), axis=0, hint="query_grouped_shape"),
+            hint="query_grouped")
         repeats = b.Concat(np.asarray(ones, np.int64),
-                           b.Shape(grouped, q_rank - 2, q_rank - 1, hint="groups"),
+                           b.Shape(grouped, 1, 2, hint="groups"),
                            np.asarray([1, 1], np.int64), axis=0, hint=f"{label}_repeats")
     spread = b.Expand(spread, repeats, hint=f"{label}_repeated")  # (*, H, G, S, D)
     # The head dim is the query's own (not -1), so engines tracking symbolic dims see the

@@ -132,10 +132,26 @@ def test_grouped_query_attention():
              Case([*qkv(rng, (1, 4, 3, 8), (1, 2, 5, 8)), rng.random((1, 4, 3, 5)) > 0.4],
                   {"enable_gqa": 1}, id="per-head mask"),
              Case(qkv(rng, (2, 3, 4, 8), (2, 3, 5, 8)), {"enable_gqa": 1}, id="same heads")]
-    # An empty batch with the head groups read at run time fails in the Reshape that
-    # reads them (its -1 meets a 0): a known defect, kept visible by
+    # An empty key sequence (S = 0) fails in the last Reshape (a run-time target's 0 copies
+    # a dim): a known defect, kept visible by
     # tests/test_testing_kit.py::test_known_empty_size_defects; size 1 is still derived.
     run_cases(cases, opsets=[11, 13, NEWEST], edge_sizes=(1,))
+
+
+def test_grouped_query_attention_with_an_empty_batch():
+    # Head counts read at run time (symbolic): the groups are read off Hq ones, not off the
+    # query, whose -1 could not be inferred when the batch is 0
+    rng = np.random.default_rng(6)
+    q, k, v = qkv(rng, (2, 6, 4, 8), (2, 3, 5, 8))
+    case = Case([q, k, v], {"enable_gqa": 1}, symbolic={0: [0, 1], 1: [0, 1], 2: [0, 1]})
+    for opset in (11, NEWEST):
+        model = decomposer.testing.single_node_model("ScaledDotProductAttention",
+                                                     "custom.ops", case, opset)
+        out = decomposer.decompose(model)
+        empty = {"input0": q[:0], "input1": k[:0], "input2": v[:0]}
+        (got,) = run_onnxruntime(out, empty)
+        want = torch_attention(q[:0], k[:0], v[:0])
+        assert got.shape == want.shape == (0, 6, 4, 8)
 
 
 def test_extreme_scores_stay_finite():
