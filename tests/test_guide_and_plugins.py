@@ -161,34 +161,50 @@ def test_bad_pattern_sources_are_one_line_errors(tmp_path, capsys):
         assert message in err and len(err.strip().splitlines()) == 1, err
 
 
+def _installed(tmp_path: Path, package_name: str, source: str) -> dict[str, str]:
+    """A minimal installed distribution holding ``package_name`` (its ``__init__`` is
+    ``source``) with an ``acme`` entry point in decomposer.patterns; the environment in
+    which a subprocess finds it."""
+    site = tmp_path / "site"
+    package = site / package_name
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(source)
+    dist = site / f"{package_name}-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package_name}\n"
+                                   "Version: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[decomposer.patterns]\nacme = {package_name}\n")
+    return {"PYTHONPATH": str(site), "PATH": ""}
+
+
+def _decompose_one_node(tmp_path: Path, node: onnx.NodeProto, dims: list, env: dict[str, str]
+                        ) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``node`` (x -> y, float, ``dims``) as a model at opset 17, through the CLI in ``env``;
+    the run (asserted successful) and the output path."""
+    info = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, dims) for n in "xy"]
+    model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]),
+                              opset_imports=[helper.make_opsetid("", 17),
+                                             helper.make_opsetid(node.domain, 1)],
+                              ir_version=8)
+    src, dst = tmp_path / "model.onnx", tmp_path / "out.onnx"
+    onnx.save(model, src)
+    run = subprocess.run([sys.executable, "-m", "decomposer", str(src), str(dst)],
+                         capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr
+    return run, dst
+
+
 def test_entry_point_from_an_installed_distribution(tmp_path):
     # A real (if minimal) installed distribution on sys.path: importlib.metadata finds its
     # entry_points.txt exactly as it would for a pip-installed package.
-    site = tmp_path / "site"
-    package = site / "acme_patterns"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text(CLASHING.replace('"AffineGrid"', '"AcmeOp"'))
-    dist = site / "acme_patterns-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-patterns\n"
-                                   "Version: 1.0\n")
-    (dist / "entry_points.txt").write_text("[decomposer.patterns]\nacme = acme_patterns\n")
-    env = {"PYTHONPATH": str(site), "PATH": ""}
+    env = _installed(tmp_path, "acme_patterns", CLASHING.replace('"AffineGrid"', '"AcmeOp"'))
     listing = subprocess.run([sys.executable, "-m", "decomposer", "--list-patterns"],
                              capture_output=True, text=True, env=env)
     assert listing.returncode == 0, listing.stderr
     assert re.search(r"^AcmeOp +\[entry point acme \(acme_patterns\)\]", listing.stdout, re.M)
     # ... and it decomposes its op, here AcmeOp -> Identity.
     node = helper.make_node("AcmeOp", ["x"], ["y"], name="acme", domain="acme")
-    info = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [2, 3]) for n in "xy"]
-    model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]),
-                              opset_imports=[helper.make_opsetid("", 17),
-                                             helper.make_opsetid("acme", 1)], ir_version=8)
-    src, dst = tmp_path / "acme.onnx", tmp_path / "out.onnx"
-    onnx.save(model, src)
-    run = subprocess.run([sys.executable, "-m", "decomposer", str(src), str(dst)],
-                         capture_output=True, text=True, env=env)
-    assert run.returncode == 0, run.stderr
+    run, dst = _decompose_one_node(tmp_path, node, [2, 3], env)
     assert "decomposed 1 node (AcmeOp x1)" in run.stdout
     assert [n.op_type for n in onnx.load(dst).graph.node] == ["Identity"]
 
@@ -277,27 +293,10 @@ def test_generated_sections_match_the_code(file_name, name):
 def test_entry_point_with_onnxscript_functions(tmp_path):
     """An installed package whose module defines ops as onnxscript functions (the guide's
     SquarePlus) answers through the decomposer.patterns entry point, no pattern class."""
-    site = tmp_path / "site"
-    package = site / "acme_functions"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text((EXAMPLES / "squareplus_onnxscript.py").read_text())
-    dist = site / "acme_functions-1.0.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-functions\n"
-                                   "Version: 1.0\n")
-    (dist / "entry_points.txt").write_text("[decomposer.patterns]\nacme = acme_functions\n")
-    env = {"PYTHONPATH": str(site), "PATH": ""}
+    env = _installed(tmp_path, "acme_functions",
+                     (EXAMPLES / "squareplus_onnxscript.py").read_text())
     node = helper.make_node("SquarePlus", ["x"], ["y"], name="sp", domain="custom.ops", b=1.5)
-    info = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, ["N", 3]) for n in "xy"]
-    model = helper.make_model(helper.make_graph([node], "g", info[:1], info[1:]),
-                              opset_imports=[helper.make_opsetid("", 17),
-                                             helper.make_opsetid("custom.ops", 1)],
-                              ir_version=8)
-    src, dst = tmp_path / "sp.onnx", tmp_path / "out.onnx"
-    onnx.save(model, src)
-    run = subprocess.run([sys.executable, "-m", "decomposer", str(src), str(dst)],
-                         capture_output=True, text=True, env=env)
-    assert run.returncode == 0, run.stderr
+    run, dst = _decompose_one_node(tmp_path, node, ["N", 3], env)
     assert "decomposed 1 node (function custom.ops::SquarePlus x1)" in run.stdout
     x = np.random.default_rng(2).normal(size=(4, 3)).astype(np.float32)
     (got,) = run_onnxruntime(onnx.load(dst), {"x": x})

@@ -27,9 +27,13 @@ SPELLINGS = {"mmdeploy": ("MMCVMultiScaleDeformableAttention", "mmdeploy", 3),
 
 def torch_msda(value, shapes, locations, weights) -> np.ndarray:
     """mmcv's multi_scale_deform_attn_pytorch, in float64: (N, Lq, M*D)."""
-    value = torch.from_numpy(value.astype(np.float64))
-    locations = torch.from_numpy(locations.astype(np.float64))
-    weights = torch.from_numpy(weights.astype(np.float64))
+    return msda_on_tensors(torch.from_numpy(value.astype(np.float64)), shapes,
+                           torch.from_numpy(locations.astype(np.float64)),
+                           torch.from_numpy(weights.astype(np.float64))).numpy()
+
+
+def msda_on_tensors(value, shapes, locations, weights):
+    """mmcv's multi_scale_deform_attn_pytorch on torch tensors (pure torch: traceable)."""
     n, _, heads, channels = value.shape
     _, queries, _, levels, points, _ = locations.shape
     value_list = value.split([h * w for h, w in shapes], dim=1)
@@ -43,7 +47,7 @@ def torch_msda(value, shapes, locations, weights) -> np.ndarray:
     weights = weights.reshape(n, queries, heads, levels * points).transpose(1, 2).reshape(
         n * heads, 1, queries, levels * points)
     out = (torch.stack(sampled, dim=-2).flatten(-2) * weights).sum(-1)
-    return out.view(n, heads * channels, queries).transpose(1, 2).numpy()
+    return out.view(n, heads * channels, queries).transpose(1, 2).contiguous()
 
 
 def make_inputs(rng, shapes, n=2, queries=7, heads=3, channels=4, points=3,

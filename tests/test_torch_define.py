@@ -14,6 +14,7 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from test_multi_scale_deformable_attention import msda_on_tensors
 
 import decomposer
 from decomposer import engines
@@ -32,21 +33,7 @@ LEVELS = ((8, 8), (4, 4))  # the levels' spatial sizes, fixed per model
 
 def deform_attn(value, sampling_locations, attention_weights):
     """mmcv's multi_scale_deform_attn_pytorch with the level sizes of this model."""
-    bs, _, num_heads, embed_dims = value.shape
-    _, num_queries, _, num_levels, num_points, _ = sampling_locations.shape
-    value_list = value.split([h * w for h, w in LEVELS], dim=1)
-    sampling_grids = 2 * sampling_locations - 1
-    sampled = []
-    for level, (h, w) in enumerate(LEVELS):
-        value_l = value_list[level].flatten(2).transpose(1, 2).reshape(
-            bs * num_heads, embed_dims, h, w)
-        grid_l = sampling_grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
-        sampled.append(F.grid_sample(value_l, grid_l, mode="bilinear", padding_mode="zeros",
-                                     align_corners=False))
-    attention_weights = attention_weights.transpose(1, 2).reshape(
-        bs * num_heads, 1, num_queries, num_levels * num_points)
-    output = (torch.stack(sampled, dim=-2).flatten(-2) * attention_weights).sum(-1)
-    return output.view(bs, num_heads * embed_dims, num_queries).transpose(1, 2).contiguous()
+    return msda_on_tensors(value, LEVELS, sampling_locations, attention_weights)
 
 
 def _deform_inputs(batch: int, queries: int, seed: int = 0):
