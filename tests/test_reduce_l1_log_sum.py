@@ -101,3 +101,33 @@ def test_float16_log_sum_exp_below_opset_20_is_valid():
     with np.errstate(invalid="ignore"):
         want = np.log(np.sum(np.exp(wide - shift), axis=2, keepdims=True)) + shift
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3)
+
+
+def portability_cases():
+    """The three reductions at opset 13 (where OpenVINO ignores their axes), lowered;
+    torch's sum of magnitudes, log of the sum and logsumexp the oracle."""
+    import torch
+
+    nodes = [helper.make_node("ReduceL1", ["x"], ["l1"], axes=[2], keepdims=1),
+             helper.make_node("ReduceLogSum", ["p"], ["ls"], axes=[1, -1], keepdims=0),
+             helper.make_node("ReduceLogSumExp", ["x"], ["lse"], axes=[-1], keepdims=1)]
+    graph = helper.make_graph(
+        nodes, "reductions",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 4, 5]),
+         helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 3, 4, 5])],
+        [helper.make_tensor_value_info("l1", TensorProto.FLOAT, ["N", 3, 1, 5]),
+         helper.make_tensor_value_info("ls", TensorProto.FLOAT, ["N", 4]),
+         helper.make_tensor_value_info("lse", TensorProto.FLOAT, ["N", 3, 4, 1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    rng = np.random.default_rng(9)
+    feeds, expected = [], []
+    for batch in (2, 1):
+        x = (rng.standard_normal((batch, 3, 4, 5)) * 30).astype(np.float32)
+        p = rng.uniform(0.1, 2.0, (batch, 3, 4, 5)).astype(np.float32)
+        feeds.append({"x": x, "p": p})
+        tx, tp = torch.from_numpy(x), torch.from_numpy(p)
+        expected.append([tx.abs().sum(2, keepdim=True).numpy(),
+                         torch.log(tp.sum((1, 3))).numpy(),
+                         torch.logsumexp(tx, -1, keepdim=True).numpy()])
+    return [{"id": "ReduceL1/LogSum/LogSumExp at 13, lowered", "model": model,
+             "feeds": feeds, "expected": expected, "atol": 1e-4, "lower": OPS}]
