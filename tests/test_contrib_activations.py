@@ -100,6 +100,18 @@ def test_fast_gelu_without_bias_and_opset_ends():
                                    rtol=1e-5)
 
 
+def test_fast_gelu_at_a_graph_output_runs_on_every_engine():
+    # the fusable formula into a tensor of its own, then Sub(y, 0) to the graph output
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal((3, 8)) * 3).astype(np.float32)
+    out = decomposer.decompose(contrib_model("FastGelu", [x], opset=17))
+    assert [n.op_type for n in out.graph.node if n.output[0] == "y"] == ["Sub"]
+    want = ORACLES["FastGelu"](x).numpy()
+    for engine in ("ort", "openvino", "tvm"):
+        (got,) = decomposer.engines.run_model(engine, out, {"x": x})
+        np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5, err_msg=engine)
+
+
 def test_target_ort_keeps_contrib_ops():
     x = np.ones((2, 4), np.float32)
     out, report = decomposer.decompose_with_report(contrib_model("Gelu", [x]), target="ort")
