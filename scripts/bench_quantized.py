@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from hf_models import export_bert
 
 from benchlib import OrtRunner, interleaved_rounds, time_calls
 
@@ -97,27 +98,11 @@ def build(folder: Path, size: int) -> dict[str, onnx.ModelProto]:
 def bert_qoperator(folder: Path) -> onnx.ModelProto:
     """A BERT (hidden 128, 2 layers, random weights) through quantize_static QOperator."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=512,
-                        max_position_embeddings=128)
-    bert = BertModel(config).eval()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids, mask):
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
 
     source, target = folder / "bert.onnx", folder / "bert_qop.onnx"
-    ids = torch.randint(0, 1000, (1, 64))
-    torch.onnx.export(Wrapper().eval(), (ids, torch.ones_like(ids)), str(source),
-                      opset_version=17, dynamo=False, input_names=["ids", "mask"],
-                      dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}})
+    export_bert(source, torch.randint(0, 1000, (1, 64)), vocab_size=1000, hidden_size=128,
+                num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
+                max_position_embeddings=128)
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:

@@ -27,6 +27,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from hf_models import export_bert
 
 import decomposer
 from decomposer import engines
@@ -108,28 +109,12 @@ def models(tmp_path_factory) -> dict[str, onnx.ModelProto]:
 def _bert_models(folder: Path) -> dict[str, onnx.ModelProto]:
     from onnxruntime.quantization import quantize_dynamic
     from onnxruntime.transformers import optimizer
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(0)
-    # eager attention: ONNX Runtime's optimizer fuses Attention only from that export
-    config = BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=4, intermediate_size=64,
-                        max_position_embeddings=32, attn_implementation="eager")
-    bert = BertModel(config).eval()
-
-    class Wrapper(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, ids, mask):
-            return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state
 
     source = folder / "bert.onnx"
-    ids = torch.randint(0, 100, (2, 8))
-    torch.onnx.export(Wrapper().eval(), (ids, torch.ones_like(ids)), str(source),
-                      opset_version=17, dynamo=False, input_names=["ids", "mask"],
-                      dynamic_axes={"ids": {0: "b", 1: "s"}, "mask": {0: "b", 1: "s"}})
+    # eager attention: ONNX Runtime's optimizer fuses Attention only from that export
+    export_bert(source, torch.randint(0, 100, (2, 8)), vocab_size=100, hidden_size=32,
+                num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=32, attn_implementation="eager")
     optimized = folder / "bert_opt.onnx"
     optimizer.optimize_model(str(source), model_type="bert", num_heads=4,
                              hidden_size=32).save_model_to_file(str(optimized))
