@@ -314,8 +314,8 @@ def compare(actual: np.ndarray, expected: np.ndarray, context: str = "", *,
         f"{context}: shape {actual.shape} != {expected.shape}"
     assert actual.dtype == expected.dtype, \
         f"{context}: dtype {actual.dtype} != {expected.dtype}"
-    abs_tol = _tolerance(atol, DEFAULT_ATOL, expected.dtype)
-    rel_tol = _tolerance(rtol, DEFAULT_RTOL, expected.dtype)
+    abs_tol = tolerances.tolerance(atol, DEFAULT_ATOL, expected.dtype)
+    rel_tol = tolerances.tolerance(rtol, DEFAULT_RTOL, expected.dtype)
     error = _max_abs_error(actual, expected)
     if not np.issubdtype(expected.dtype, np.inexact):
         mismatches = int(np.count_nonzero(actual != expected))
@@ -348,17 +348,6 @@ def compare(actual: np.ndarray, expected: np.ndarray, context: str = "", *,
             f"{context}: {int(wrong.sum())} zero(s) have the wrong sign; first at "
             f"{tuple(int(i) for i in np.argwhere(wrong)[0])}")
     return error
-
-
-def _tolerance(given: Tolerance | None, defaults: Mapping[Any, float], dtype: np.dtype
-               ) -> float:
-    table = defaults if given is None else given
-    if isinstance(table, Mapping):
-        for key, value in table.items():
-            if np.dtype(key) == dtype:
-                return float(value)
-        return float(defaults.get(dtype.type, 0.0))
-    return float(table)
 
 
 def _max_abs_error(actual: np.ndarray, expected: np.ndarray) -> float:

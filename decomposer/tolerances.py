@@ -30,7 +30,7 @@ Tolerance = float | Mapping[Any, float]
 
 def tolerance(given: Tolerance | None, defaults: Mapping[Any, float], dtype: Any) -> float:
     """``given`` for ``dtype`` (a number, or a per-dtype mapping), else the default; 0 for
-    a dtype that is not floating point (compared exactly)."""
+    a dtype that is not floating point or that neither names (compared exactly)."""
     kind = np.dtype(dtype)
     if not np.issubdtype(kind, np.inexact):
         return 0.0
@@ -39,8 +39,7 @@ def tolerance(given: Tolerance | None, defaults: Mapping[Any, float], dtype: Any
         for key, value in table.items():
             if np.dtype(key) == kind:
                 return float(value)
-        return float(defaults.get(np.float32, 1e-5)) if table is not defaults else \
-            float(defaults[np.float32])
+        return float(defaults.get(kind.type, 0.0))
     return float(table)
 
 
