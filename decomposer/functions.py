@@ -38,7 +38,7 @@ from onnx import helper, numpy_helper
 
 from decomposer.builder import Builder
 from decomposer.forms import Form, Reject
-from decomposer.graphs import norm_domain
+from decomposer.graphs import has_schema, norm_domain, opset_map, walk_nodes
 from decomposer.pattern import MatchContext, MatchedNode, Pattern
 
 FunctionKey = tuple[str, str]  # (normalized domain, name)
@@ -175,8 +175,6 @@ class FunctionPattern(Pattern[_Body]):
             raise Reject(f"its body is written at opset {body_opset}; ONNX's version "
                          f"converter cannot take it to the model's {ctx.opset}: "
                          f"{_first_line(exc)}") from exc
-        from decomposer.graphs import has_schema, walk_nodes
-
         unsaid = sorted({node.op_type for node in walk_nodes(converted.graph.node)
                          if not norm_domain(node.domain)
                          and not has_schema(node.op_type, ctx.opset, "")})
@@ -201,9 +199,6 @@ class FunctionPattern(Pattern[_Body]):
         for formal, actual in outputs.items():
             if formal in names and names[formal] != actual:
                 b.op("Identity", names[formal], out=actual)  # an input passed straight out
-
-    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: _Body) -> None:
-        return None
 
     # -- the reference ----------------------------------------------------------------------
 
@@ -283,15 +278,11 @@ def function_patterns(functions: Iterable[onnx.FunctionProto], origin: str
 
 def calls(nodes: Iterable[onnx.NodeProto]) -> set[FunctionKey]:
     """(domain, op_type) of every node in ``nodes``, at any depth."""
-    from decomposer.graphs import walk_nodes
-
     return {(norm_domain(node.domain), node.op_type) for node in walk_nodes(nodes)}
 
 
 def _standard_calls(function: onnx.FunctionProto) -> set[FunctionKey]:
     """The (domain, op_type) of the body's nodes that are standard ONNX ops."""
-    from decomposer.graphs import has_schema, opset_map, walk_nodes
-
     opsets = opset_map(list(function.opset_import))
     return {(norm_domain(n.domain), n.op_type) for n in walk_nodes(function.node)
             if norm_domain(n.domain) in opsets

@@ -56,9 +56,7 @@ EXPORT_OPSET = 18  # what the dynamo exporter writes; a model's own opset is rea
 
 
 def _kind(name: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "int"
-    if isinstance(value, int):
+    if isinstance(value, int):  # a bool too: an int attribute of 0 or 1
         return "int"
     if isinstance(value, float):
         return "float"
