@@ -87,25 +87,33 @@ def portability_cases():
     a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["n", 3, 4])
     b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [4, 5])
     c = helper.make_tensor_value_info("c", TensorProto.FLOAT, ["n", 3, 3])
+    e = helper.make_tensor_value_info("e", TensorProto.FLOAT, ["n", "m", "p", "q"])
+    f = helper.make_tensor_value_info("f", TensorProto.FLOAT, ["p", "q", 6])
     graph = helper.make_graph(
         [helper.make_node("Einsum", ["a", "b"], ["y"], equation="...ij,jk->...ik"),
          helper.make_node("Einsum", ["c"], ["d"], equation="bii->bi"),
          # two letters flattened, one of them dynamic: a -1 target
-         helper.make_node("Einsum", ["a", "b"], ["z"], equation="abc,cd->abd")],
-        "einsum", [a, b, c],
+         helper.make_node("Einsum", ["a", "b"], ["z"], equation="abc,cd->abd"),
+         # two groups of two dynamic letters: no constant target, multiplied at full rank
+         helper.make_node("Einsum", ["e", "f"], ["g"], equation="abcd,cde->abe")],
+        "einsum", [a, b, c, e, f],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3, 5]),
          helper.make_tensor_value_info("d", TensorProto.FLOAT, ["n", 3]),
-         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3, 5])])
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["n", 3, 5]),
+         helper.make_tensor_value_info("g", TensorProto.FLOAT, ["n", "m", 6])])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 11)])
     feeds, expected = [], []
     for rows in (2, 1):
         values = {"a": rng.standard_normal((rows, 3, 4)).astype(np.float32),
                   "b": rng.standard_normal((4, 5)).astype(np.float32),
-                  "c": rng.standard_normal((rows, 3, 3)).astype(np.float32)}
+                  "c": rng.standard_normal((rows, 3, 3)).astype(np.float32),
+                  "e": rng.standard_normal((rows, 3, 4, 2)).astype(np.float32),
+                  "f": rng.standard_normal((4, 2, 6)).astype(np.float32)}
         feeds.append(values)
         t = {k: torch.from_numpy(v) for k, v in values.items()}
         expected.append([torch.einsum("...ij,jk->...ik", t["a"], t["b"]).numpy(),
                          torch.einsum("bii->bi", t["c"]).numpy(),
-                         torch.einsum("abc,cd->abd", t["a"], t["b"]).numpy()])
+                         torch.einsum("abc,cd->abd", t["a"], t["b"]).numpy(),
+                         torch.einsum("abcd,cde->abe", t["e"], t["f"]).numpy()])
     return [{"id": "Einsum at 11", "model": model, "feeds": feeds, "expected": expected,
              "atol": 1e-5}]
