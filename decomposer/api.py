@@ -99,7 +99,7 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
         # External weights are read from src's folder (base_dir), never loaded here.
         report.verification = run_verification(
             model, out, registry=registry,
-            **{"base_dir": Path(src).parent, "lower": report.lowered,
+            **{"base_dir": Path(src).parent, "lower": [*report.lowered, *report.lowered_nodes],
                **dict(verify_options or {})})
     if not report.dry_run:
         save_model(out, dst, source_dir=Path(src).parent)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ from typing import Any
 
 from decomposer import __version__
 from decomposer.api import decompose_file
-from decomposer.builder import TARGETS
+from decomposer.engine_support import known_engines
 from decomposer.errors import (
     DecomposerError,
     ModelIOError,
@@ -35,6 +35,8 @@ from decomposer.errors import (
 )
 from decomposer.plugins import load_pattern_source
 from decomposer.registry import build_registry
+from decomposer.targets import MODES, engine_targets
+from decomposer.targets import resolve as resolve_target
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -73,15 +75,21 @@ def _parser() -> argparse.ArgumentParser:
                              "whose functions define ops")
     parser.add_argument("--override", action="store_true",
                         help="let --patterns replace built-in patterns for the same op")
-    parser.add_argument("--target", choices=TARGETS, default="portable",
+    parser.add_argument("--target", type=_target, default="portable",
+                        metavar="{" + ",".join(MODES) + "}|ENGINE[,ENGINE]",
                         help="portable (default): the output runs on every engine (ONNX "
                              "Runtime, OpenVINO, TVM, TensorRT, converters) and ONNX "
-                             "Runtime-only contrib ops count as unsupported; ort: ONNX Runtime "
+                             "Runtime-only contrib ops count as unsupported; ops most "
+                             "engines compute wrongly (antialiased Resize) are lowered where "
+                             "they can be; ort: ONNX Runtime "
                              "only (its contrib ops are kept; ORT-tuned forms where faster); "
                              "qdq: as portable, but block-quantized weights (ONNX Runtime's "
                              "4-bit matmuls) stay int4/int8 behind a DequantizeLinear at "
                              "opset 21+, for ONNX Runtime, OpenVINO and TensorRT (not TVM or "
-                             "the converters)")
+                             "the converters); ENGINE (" + ", ".join(engine_targets()) +
+                             "; several joined by commas): as portable, and also within "
+                             "each engine's opset cap, with the ops it lacks or computes "
+                             "wrongly lowered (its measured profile)")
     parser.add_argument("--target-opset", type=int, metavar="N", dest="target_opset",
                         help="take the model down to default-domain opset N (11 to the "
                              "newest): standard ops are rewritten to N's signatures, ops N "
@@ -126,6 +134,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true", help="show tracebacks")
     parser.add_argument("--version", action="version", version=f"decomposer {__version__}")
     return parser
+
+
+def _target(text: str) -> str:
+    """argparse's check of a --target value (one clear usage line when it is wrong)."""
+    try:
+        resolve_target(text)
+    except DecomposerError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,6 +250,8 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                       f"{node.op_type}) in {node.graph} -> {node.new_nodes} nodes")
         for issue in report.unsupported:
             print(f"decomposer: warning: kept {issue.describe()}", file=sys.stderr)
+        for warning in report.warnings:
+            print(f"decomposer: warning: {warning}", file=sys.stderr)
         if report.verification is not None and args.verbose:
             print(report.verification.table())
         elif report.verification is not None:
@@ -311,10 +330,11 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument("paths", nargs="+", metavar="IN_OR_DIR",
                         help="models and folders (a folder: every *.onnx below it)")
     parser.add_argument("--engines", default="", metavar="E[,E]",
-                        help="ort, openvino, tvm, onnx2torch, onnx2tf, tensorrt")
+                        help=", ".join(known_engines()))
     parser.add_argument("--strict-engines", action="store_true",
                         help="exit 3 when an engine asked about lacks an op, too")
-    parser.add_argument("--target", choices=TARGETS, default="portable")
+    parser.add_argument("--target", type=_target, default="portable",
+                        metavar="{" + ",".join(MODES) + "}|ENGINE[,ENGINE]")
     parser.add_argument("--lower", action="append", default=[], metavar="OP[,OP]",
                         help="check as if these standard ops were decomposed too")
     parser.add_argument("--target-opset", type=int, metavar="N", dest="target_opset",

@@ -41,7 +41,7 @@ from typing import Any
 import onnx
 
 from decomposer import memo
-from decomposer.builder import MIN_OPSET, TARGETS, Builder, ConstantPool, NameAllocator
+from decomposer.builder import MIN_OPSET, Builder, ConstantPool, NameAllocator
 from decomposer.checking import (
     CLASH,
     check_input,
@@ -92,6 +92,8 @@ from decomposer.opsets import LOWERING_DOMAIN, NEWEST_OPSET, take_down
 from decomposer.pattern import Reject
 from decomposer.registry import Registry, default_registry
 from decomposer.report import NodeIssue, ReplacedNode, Report
+from decomposer.targets import Lowering
+from decomposer.targets import resolve as resolve_target
 
 RUNTIME_ONLY_DOMAINS = ("com.microsoft", "com.microsoft.nchwc")
 # Passes over the model at most: each pass also rewrites what the one before wrote (calls
@@ -160,6 +162,7 @@ class _Rewriter:
         self.emitted_candidates = False
         self.opsets: dict[str, int] = {}
         self.reuse = REUSE_TEMPLATES
+        self.target_lowering = Lowering()  # the standard nodes the --target lowers
         # weights patterns built, by content: an equal one is stored once (as a replayed
         # template shares its template's), so building and replaying give the same bytes
         self.weight_pool: dict[tuple[str, bytes], str] = {}
@@ -209,8 +212,15 @@ class _Rewriter:
         """Whether ``node`` is replaced: then its replacement is appended to the nodes of
         ``into`` (its graph) and recorded in ``usage``."""
         def reject(reason: str) -> None:
-            self.report.unsupported.append(
-                NodeIssue(node.name, node.op_type, node.domain, scope.label, reason))
+            issue = NodeIssue(node.name, node.op_type, node.domain, scope.label, reason)
+            if node.output and node.output[0] in self.target_lowering.soft and \
+                    norm_domain(node.domain) == "":
+                # --target portable's lowering of an op most engines compute wrongly: the
+                # node is kept (ONNX Runtime and the engines that compute it right run it)
+                why = self.target_lowering.reason(node.output[0])
+                self.report.warnings.append(f"kept {issue.describe()} ({why})")
+                return
+            self.report.unsupported.append(issue)
 
         found = self.registry.lookup(node)
         if found is None:
@@ -533,14 +543,23 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
          lower: Iterable[str], base_dir: str | os.PathLike[str] | None,
          target_opset: int | None = None) -> tuple[onnx.ModelProto, Report]:
     validate_structure(model)
-    if target not in TARGETS:
-        raise InvalidModelError(f"unknown target {target!r}; use one of: "
-                                f"{', '.join(TARGETS)}")
+    chosen = resolve_target(target)
+    target = chosen.mode
     _check_target_opset(target_opset)
     registry = registry if registry is not None else default_registry()
     lowered = _lowerable(lower, registry)
     opsets = opset_map(list(model.opset_import))
-    report = Report(opset=opsets.get("", 0), target=target, lowered=sorted(lowered))
+    report = Report(opset=opsets.get("", 0), target=chosen.spelling, lowered=sorted(lowered))
+    cap = chosen.opset_cap(model)
+    if cap is not None and opsets.get("", 0) > cap:
+        if cap < MIN_OPSET:
+            raise InvalidModelError(f"target {chosen.spelling!r} needs opset {cap}, below "
+                                    f"the {MIN_OPSET} decomposer writes")
+        target_opset = min(target_opset or cap, cap)
+    # The nodes the target's engines run wrongly or refuse, where a pattern lowers them.
+    # Found at the opset the model will have, and again once it is taken down.
+    landing = min(opsets.get("", 0), target_opset or opsets.get("", 0))
+    target_lowering = _registered(chosen.lowering(model, landing), registry)
     out = onnx.ModelProto()
     out.CopyFrom(model)
     local_functions = {(f.domain, f.name) for f in model.functions}
@@ -555,7 +574,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     if kept_calls != local_functions:
         registry = with_model_functions(registry, model)
     classifier = OpClassifier(kept_calls, runtime_ops=_runtime_ops(target),
-                              lowered=lowered)
+                              lowered=lowered | target_lowering.keys)
     source_opset = opsets.get("", 0)
     going_down = target_opset is not None and 0 < target_opset < source_opset
     type_hints: dict[str, onnx.TypeProto] | None = None
@@ -574,6 +593,9 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
         type_hints = {}
         _take_down(out, target_opset, report, registry, type_hints)
         opsets = opset_map(list(out.opset_import))
+        target_lowering = target_lowering.union(_registered(chosen.lowering(out), registry))
+        classifier = OpClassifier(kept_calls, runtime_ops=_runtime_ops(target),
+                                  lowered=lowered | target_lowering.keys)
     elif not _has_candidate(out, classifier):
         # Nothing to rewrite: hand the model back as it is, after the structural check
         # (full_check's strict shape inference rejects even some of ONNX's own test models).
@@ -587,8 +609,10 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             if not _drop_stale_value_info(out, schema_classifier, report, set()):
                 raise
 
+    report.lowered_nodes = sorted(target_lowering.keys)
     rewriter = _Rewriter(out, registry, report, classifier, schema_classifier, target,
                          None if base_dir is None else os.fspath(base_dir), type_hints)
+    rewriter.target_lowering = target_lowering
     main = _Namespace(list(all_nodes(model.graph)))
     # A custom function the main graph calls is inlined from its definition, and dropped
     # once no call is left: its body is not rewritten in place first.
@@ -724,6 +748,15 @@ def _drop_stale_value_info(model: onnx.ModelProto, classifier: OpClassifier, rep
     model.graph.value_info.extend(kept)
     report.dropped_value_info = sorted({*report.dropped_value_info, *stale})
     return True
+
+
+def _registered(lowering: Lowering, registry: Registry) -> Lowering:
+    """``lowering`` without the nodes no registered pattern rewrites (a user's registry
+    that lacks the built-in lowering patterns)."""
+    def known(op_type: str) -> bool:
+        return registry.lookup(onnx.helper.make_node(op_type, [], [])) is not None
+
+    return lowering.only(known)
 
 
 def _lowerable(names: Iterable[str], registry: Registry) -> frozenset[str]:

@@ -20,7 +20,7 @@ domain (kept under ``--target ort``) is a gap for each engine the data file's
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -29,9 +29,18 @@ import onnx
 
 from decomposer.graphs import all_graphs, norm_domain, opset_map
 
-__all__ = ["contrib_support", "engine_gaps", "gaps", "known_engines", "table"]
+__all__ = ["contrib_support", "engine_gaps", "gap_nodes", "gaps", "known_engines",
+           "majority_wrong", "table"]
 
 DATA = Path(__file__).resolve().parent / "data" / "engine_support.json"
+# A row's ``when`` -> how docs/portability.md's table says it
+CONDITIONS: dict[str | None, str] = {
+    None: "always", "size_not_constant": "its size is not a constant",
+    "mode_max": "`mode=\"max\"`", "blocked": "`block_size` set",
+    "blocked_zero_point": "`block_size` set, with a zero point",
+    "per_channel_mixed_channels": "per-channel weights, input and output channel counts "
+                                  "differ",
+    "antialias": "`antialias=1`", "reduction": "a `reduction` is set"}
 
 
 @cache
@@ -105,6 +114,10 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return len(node.input) > 1 and node.input[1] not in constants
     if when == "mode_max":
         return any(a.name == "mode" and a.s == b"max" for a in node.attribute)
+    if when == "antialias":
+        return any(a.name == "antialias" and a.i for a in node.attribute)
+    if when == "reduction":
+        return any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
     if when == "per_channel_mixed_channels":
         return _per_channel_mixed(node, constants)
     blocked = any(a.name == "block_size" and a.i for a in node.attribute)
@@ -115,21 +128,41 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
     return True
 
 
+def majority_wrong() -> list[dict[str, Any]]:
+    """The gaps ``--target portable`` lowers (the data file's ``majority_wrong``): ops most
+    measured engines compute with other numbers, silently; rows as in :func:`gaps`, with
+    the engines that were wrong and the ones measured."""
+    return [dict(entry) for entry in _data().get("majority_wrong", [])]
+
+
+def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int | None = None,
+              rows: Sequence[dict[str, Any]] | None = None
+              ) -> Iterator[tuple[int, dict[str, Any], onnx.NodeProto]]:
+    """Each (row, gap entry, node) of ``model`` (any graph depth) that a gap of one of
+    ``engines`` (None: any) holds for, at ``opset`` (default: the model's default-domain
+    opset); ``rows`` replaces the data file's gaps."""
+    if opset is None:
+        opset = opset_map(list(model.opset_import)).get("", 1)
+    entries = [(row, entry) for row, entry in enumerate(gaps() if rows is None else rows)
+               if engines is None or entry["engine"] in engines]
+    for graph in all_graphs(model.graph):
+        constants = _constants(graph)
+        for node in graph.node:
+            for row, entry in entries:
+                if _applies(entry, node, opset, constants):
+                    yield row, entry, node
+
+
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "evidence"}``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     if model is None:
         return found
-    opset = opset_map(list(model.opset_import)).get("", 1)
     entries = gaps()
     hits: dict[tuple[str, int], int] = {}  # (engine, row) -> nodes
-    for graph in all_graphs(model.graph):
-        constants = _constants(graph)
-        for node in graph.node:
-            for row, entry in enumerate(entries):
-                if entry["engine"] in found and _applies(entry, node, opset, constants):
-                    hits[(entry["engine"], row)] = hits.get((entry["engine"], row), 0) + 1
+    for row, entry, _ in gap_nodes(model, engines):
+        hits[(entry["engine"], row)] = hits.get((entry["engine"], row), 0) + 1
     for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
@@ -170,12 +203,7 @@ def table() -> str:
     names = _data()["engines"]
     lines = ["| engine | op | when | fix | evidence |", "|---|---|---|---|---|"]
     for entry in gaps():
-        condition = {None: "always", "size_not_constant": "its size is not a constant",
-                     "mode_max": "`mode=\"max\"`", "blocked": "`block_size` set",
-                     "blocked_zero_point": "`block_size` set, with a zero point",
-                     "per_channel_mixed_channels": "per-channel weights, input and output "
-                                                   "channel counts differ"
-                     }[entry.get("when")]
+        condition = CONDITIONS[entry.get("when")]
         if entry.get("min_opset") and entry.get("max_opset"):
             condition = f"opsets {entry['min_opset']}-{entry['max_opset']}"
         elif entry.get("min_opset"):

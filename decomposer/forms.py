@@ -61,6 +61,7 @@ _ATTR_KINDS = {
     # still a number; accept it rather than make users re-export.
     "float": (AttributeProto.FLOAT, AttributeProto.INT),
     "string": (AttributeProto.STRING,),
+    "strings": (AttributeProto.STRINGS,),
     "ints": (AttributeProto.INTS,),
     "floats": (AttributeProto.FLOATS, AttributeProto.INTS),
     # One int or a list of them, read as a list (plugins write a square stride either way).
@@ -84,7 +85,8 @@ def _finish(label: str, value: Any, normalize: Callable[[Any], Any] | None,
 class Attr:
     """One attribute of a spelling.
 
-    ``kind`` is ``"int" | "float" | "string" | "ints" | "floats" | "int_or_ints"`` (the last
+    ``kind`` is ``"int" | "float" | "string" | "strings" | "ints" | "floats" |
+    "int_or_ints"`` (the last
     reads one int as a 1-element list); ``default`` is used when
     the node lacks the attribute (omit it to make the attribute required), written like a
     value and normalized like one (``None`` is passed through as "absent"); ``normalize``
@@ -148,6 +150,9 @@ class Attr:
             value = [int(v) for v in value]
         elif self.kind == "int_or_ints":
             value = [int(v) for v in (value if isinstance(value, list) else [value])]
+        elif self.kind == "strings":
+            value = [v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+                     for v in value]
         return _finish(f"attribute '{name}'", value, self.normalize, self.choices)
 
 

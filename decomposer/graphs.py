@@ -94,14 +94,20 @@ class OpClassifier:
         # runtime_ops: (domain, op_type) of non-ONNX ops the target runtime implements
         # itself (ONNX Runtime's contrib ops under --target ort); they need no rewrite.
         # lowered: default-domain op types the user asked to decompose even where the
-        # opset defines them (--lower), for engines that lack a kernel for them.
+        # opset defines them (--lower), for engines that lack a kernel for them; an entry
+        # "OpType:output" names one node (by its first output), which its --target's
+        # engine computes wrongly or refuses under a condition (its attributes, say).
         self._local_functions = local_functions
         self._runtime_ops = runtime_ops
-        self._lowered = lowered
+        self._lowered = frozenset(entry for entry in lowered if ":" not in entry)
+        self._lowered_nodes = frozenset(entry for entry in lowered if ":" in entry)
         self._cache: dict[tuple[str, str, int | None], bool] = {}  # (raw domain, op, version)
 
     def is_standard(self, node: onnx.NodeProto, opsets: dict[str, int]) -> bool:
         domain = node.domain
+        if self._lowered_nodes and node.output and norm_domain(domain) == "" and \
+                lowered_node_key(node) in self._lowered_nodes:
+            return False
         version = opsets.get(norm_domain(domain))
         key = (domain, node.op_type, version)
         known = self._cache.get(key)
@@ -119,6 +125,11 @@ class OpClassifier:
         if domain == "" and op_type in self._lowered:
             return False
         return version is not None and has_schema(op_type, version, domain)
+
+
+def lowered_node_key(node: onnx.NodeProto) -> str:
+    """How a ``lowered`` set names one node: ``"OpType:first output"``."""
+    return f"{node.op_type}:{node.output[0]}"
 
 
 def has_schema(op_type: str, version: int, domain: str) -> bool:

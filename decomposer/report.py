@@ -46,6 +46,10 @@ class Report:
     source_opset: int | None = None
     taken_down: bool = False
     lowered: list[str] = field(default_factory=list)  # standard op types decomposed on request
+    # "OpType:first output" of the standard nodes the --target lowered (its engines'
+    # gaps); the ones kept, and why, are in warnings
+    lowered_nodes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
     dropped_opset_imports: list[str] = field(default_factory=list)
@@ -106,6 +110,8 @@ class Report:
             "source_opset": self.source_opset if self.taken_down else None,
             "target": self.target,
             "lowered": list(self.lowered),
+            "lowered_nodes": list(self.lowered_nodes),
+            "warnings": list(self.warnings),
             "counts": self.counts,
             "replaced": [asdict(n) for n in self.replaced],
             "unsupported": [asdict(n) for n in self.unsupported],

@@ -107,6 +107,30 @@ def _reduction(op: str) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     return model, {"x": x}
 
 
+def _lstm() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    weights = [onnx.numpy_helper.from_array(
+        (rng.standard_normal(shape) * 0.5).astype(np.float32), name)
+        for name, shape in (("W", (1, 12, 2)), ("R", (1, 12, 3)))]
+    node = helper.make_node("LSTM", ["x", "W", "R"], ["y"], hidden_size=3)
+    model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                              [4, 1, 2])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 1, 1, 3])],
+                       14, initializers=weights)
+    return model, {"x": rng.standard_normal((4, 1, 2)).astype(np.float32)}
+
+
+def _antialiased_resize() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 0.5, 0.5], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear", antialias=1)
+    model = make_model([node], [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                              [1, 2, 16, 16])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
+                       18, initializers=[scales])
+    x = np.random.default_rng(6).standard_normal((1, 2, 16, 16)).astype(np.float32)
+    return model, {"x": x}
+
+
 # (engine, op, condition) -> the probe that shows the gap
 PROBES = {
     ("openvino", "ReduceL1", None): lambda: _reduction("ReduceL1"),
@@ -119,6 +143,9 @@ PROBES = {
     ("ort", "RoiAlign", None): lambda: _roi_align(22, "avg"),
     ("tvm", "DequantizeLinear", "blocked"): _blocked_dequantize,
     ("openvino", "QLinearConv", "per_channel_mixed_channels"): _per_channel_qlinear_conv,
+    ("tvm", "LSTM", None): _lstm,
+    ("openvino", "Resize", "antialias"): _antialiased_resize,
+    ("tvm", "Resize", "antialias"): _antialiased_resize,
 }
 
 
@@ -155,8 +182,8 @@ def test_rows_are_well_formed():
     known = set(engine_support.known_engines())
     for entry in engine_support.gaps():
         assert entry["engine"] in known and entry["evidence"]
-        assert entry.get("when") in (None, "size_not_constant", "mode_max", "blocked",
-                                     "blocked_zero_point", "per_channel_mixed_channels")
+        assert entry.get("when") in engine_support.CONDITIONS
+        assert entry.get("kind") in (None, "wrong")
         assert onnx.defs.has(entry["op"]), entry["op"]
         if entry.get("lower"):  # a pattern decomposes it
             names = {form_op for e in decomposer.registry.build_registry(entry_points=False)

@@ -1,0 +1,151 @@
+"""What ``--target`` names, resolved into what a run does.
+
+In: a target string. It is a mode (``portable``, ``ort``, ``qdq``), an engine that has a
+profile in ``decomposer/data/engine_support.json`` (``opencv``, ``ncnn``, ``mnn``,
+``tract``, ``rknn``, ``openvino``, ``tvm``, ``onnx2torch``, ``onnx2tf``, ``tensorrt``,
+``tensorrt8.6``), or several of these joined by commas (``rknn,openvino``: one model that
+runs on each). Out: :func:`resolve` gives a :class:`Target`:
+
+- ``mode``: what the patterns are told (``Builder.target``). Every engine target is
+  ``portable`` (ONNX Runtime's contrib ops count as unsupported) unless ``qdq`` is named
+  with it; ``ort`` stands alone (it keeps ONNX Runtime-only ops no other engine has).
+- ``engines``: the engines named, in the order given.
+- ``max_opset``: the lowest opset cap of their profiles (RKNN reads opset 19 at most); a
+  model above it is taken down as ``--target-opset`` would.
+
+:meth:`Target.lowering` then says, for one model, which nodes to decompose although their
+opset defines them: every node a gap of one of the engines holds for (the gap's op,
+condition and opset range, ``decomposer.engine_support``) where the gap names a pattern
+(``lower``). A gap with no pattern is left to ``decomposer check --engines``.
+
+Under ``portable`` and ``qdq`` (no engine named) the gaps of the data file's
+``majority_wrong`` list are lowered too: ops that most measured engines compute with other
+numbers, silently. Where the pattern cannot lower such a node (a size known only at run
+time), the node is kept and the run warns (:attr:`Lowering.soft`); under an engine target
+that refusal is an unsupported node, since that engine would run it wrong.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import onnx
+
+from decomposer.engine_support import _data, gap_nodes, majority_wrong
+from decomposer.errors import InvalidModelError
+from decomposer.graphs import lowered_node_key, opset_map
+
+__all__ = ["MODES", "Lowering", "Target", "engine_targets", "resolve"]
+
+MODES = ("portable", "ort", "qdq")
+
+
+def engine_targets() -> list[str]:
+    """The engines ``--target`` accepts: every profile of the data file."""
+    return list(_data()["profiles"])
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """The standard nodes a run decomposes for its target.
+
+    ``nodes``: ``"OpType:first output"`` (how ``OpClassifier``'s ``lowered`` names one
+    node) -> why (the gap's engine and evidence). ``soft``: the first outputs of the nodes
+    kept with a warning when their pattern refuses them."""
+
+    nodes: dict[str, str] = field(default_factory=dict)
+    soft: frozenset[str] = frozenset()
+
+    @property
+    def keys(self) -> frozenset[str]:
+        return frozenset(self.nodes)
+
+    def reason(self, output: str) -> str:
+        return next((why for key, why in self.nodes.items()
+                     if key.split(":", 1)[1] == output), "")
+
+    def union(self, other: Lowering) -> Lowering:
+        hard = {key.split(":", 1)[1] for part in (self, other) for key in part.nodes
+                if key.split(":", 1)[1] not in part.soft}
+        return Lowering({**self.nodes, **other.nodes}, (self.soft | other.soft) - hard)
+
+    def only(self, known: Callable[[str], bool]) -> Lowering:
+        """The nodes whose op type ``known`` accepts (a pattern lowers it)."""
+        kept = {key: why for key, why in self.nodes.items() if known(key.split(":", 1)[0])}
+        outputs = {key.split(":", 1)[1] for key in kept}
+        return Lowering(kept, frozenset(self.soft & outputs))
+
+
+@dataclass(frozen=True)
+class Target:
+    spelling: str
+    mode: str
+    engines: tuple[str, ...] = ()
+    max_opset: int | None = None
+
+    def opset_cap(self, model: onnx.ModelProto) -> int | None:
+        """The opset to take ``model`` down to for these engines, or None: the profiles'
+        cap, and below the first opset of each op an engine lacks whose gap says
+        ``take_down`` (ONNX's function body for it, or a pattern, says it in older ops)."""
+        caps = [self.max_opset] if self.max_opset is not None else []
+        if self.engines:
+            for _, entry, node in gap_nodes(model, list(self.engines)):
+                if entry.get("take_down"):
+                    caps.append(first_opset(node.op_type) - 1)
+        return min(caps) if caps else None
+
+    def lowering(self, model: onnx.ModelProto, opset: int | None = None) -> Lowering:
+        """The nodes of ``model`` (at ``opset``, default its own) this target lowers."""
+        if self.mode == "ort":
+            return Lowering()
+        if opset is None:
+            opset = opset_map(list(model.opset_import)).get("", 1)
+        nodes: dict[str, str] = {}
+        for _, entry, node in gap_nodes(model, list(self.engines), opset):
+            if entry.get("lower") and node.output:
+                nodes[lowered_node_key(node)] = f"{entry['engine']}: {entry['evidence']}"
+        soft: set[str] = set()
+        if not self.engines:
+            for _, entry, node in gap_nodes(model, None, opset, majority_wrong()):
+                if entry.get("lower") and node.output and \
+                        lowered_node_key(node) not in nodes:
+                    nodes[lowered_node_key(node)] = entry["evidence"]
+                    soft.add(node.output[0])
+        return Lowering(nodes, frozenset(soft))
+
+
+def first_opset(op_type: str) -> int:
+    """The first default-domain opset that defines ``op_type`` (a standard op)."""
+    return next(v for v in range(1, onnx.defs.onnx_opset_version() + 1)
+                if _defined_at(op_type, v))
+
+
+def _defined_at(op_type: str, version: int) -> bool:
+    try:
+        onnx.defs.get_schema(op_type, version, "")
+    except onnx.defs.SchemaError:
+        return False
+    return True
+
+
+def resolve(spelling: str) -> Target:
+    """The :class:`Target` a ``--target`` value names; InvalidModelError for a bad one."""
+    names = [part.strip() for part in str(spelling).split(",") if part.strip()]
+    profiles = _data()["profiles"]
+    unknown = [name for name in names if name not in MODES and name not in profiles]
+    if not names or unknown:
+        raise InvalidModelError(
+            f"unknown target {', '.join(unknown) or repr(spelling)}; use one of: "
+            f"{', '.join(MODES)}, or engines {', '.join(profiles)} (several joined by commas)")
+    modes = [name for name in names if name in MODES]
+    engines = tuple(dict.fromkeys(name for name in names if name not in MODES))
+    if len(set(modes)) > 1 or ("ort" in modes and engines):
+        raise InvalidModelError(
+            f"target {spelling!r} mixes {', '.join(dict.fromkeys(modes + list(engines)))}: "
+            "ort keeps ONNX Runtime-only ops, which no other engine runs; name one mode, "
+            "with engines or not")
+    caps = [int(profiles[name]["max_opset"]) for name in engines
+            if profiles[name].get("max_opset")]
+    return Target(",".join(names), modes[0] if modes else "portable", engines,
+                  min(caps) if caps else None)

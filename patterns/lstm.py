@@ -1,0 +1,288 @@
+"""LSTM as unrolled cells (MatMul, Sigmoid, Tanh), for ``--lower LSTM`` and the engine
+targets whose engine has no LSTM (TVM's Relax importer: "operators are not supported for
+frontend ONNX: LSTM").
+
+Matches ``LSTM(X, W, R, [B], [sequence_lens], [initial_h], [initial_c], [P];
+activations, activation_alpha, activation_beta, clip, direction, hidden_size,
+input_forget, layout)`` in the default domain where it is lowered. Semantics are ONNX's
+(gates in i, o, f, c order; peepholes P in i, o, f order)::
+
+    i = f(Xt Wi + H Ri + Pi * C + Wbi + Rbi)      c~ = g(Xt Wc + H Rc + Wbc + Rbc)
+    f = f(Xt Wf + H Rf + Pf * C + Wbf + Rbf)      C  = f * C + i * c~
+    o = f(Xt Wo + H Ro + Po * C + Wbo + Rbo)      H  = o * h(C)
+
+Before -> after (per direction; S steps)::
+
+    LSTM(X, W, R, B)  ->  XW = MatMul(X, W^T) + (Wb + Rb)     (every step at once)
+                          per step t: Split(Gather(XW, t) + MatMul(H, R^T)) -> the cell;
+                          Y = Concat(Unsqueeze(H_t)), Y_h = H_last, Y_c = C_last
+
+The reverse direction walks t = S-1 .. 0 and writes each H_t at its own time index, as
+ONNX's does. With no initial state the first step skips the H and C terms (they are
+zero). ``clip`` bounds every gate's pre-activation, as ONNX Runtime does.
+
+Refused with the reason: a sequence length that is not static (the cells are unrolled),
+more than 1024 steps, ``sequence_lens`` not a constant equal to the sequence length
+everywhere (padded sequences stop early), ``input_forget=1``, activations other than
+Sigmoid, Tanh and Relu.
+
+Envelope: opsets 11+ (``layout`` from 14); float32/float64 (float16 in float32); batch
+and weights may be dynamic; forward, reverse and bidirectional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+from onnx import TensorProto
+
+from decomposer.builder import Builder, Value
+from decomposer.checks import require_shape, require_type
+from decomposer.examples import Example, F
+from decomposer.forms import Attr, Form, In, Reject
+from decomposer.opsets import LOWERING_DOMAIN
+from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
+
+from ._compute import ComputeType
+
+_TYPES = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
+MAX_STEPS = 1024  # unrolled cells (about 15 nodes each)
+_ACTIVATIONS = {"sigmoid": "Sigmoid", "tanh": "Tanh", "relu": "Relu"}
+_NUMPY_ACTIVATIONS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "Sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "Tanh": np.tanh,
+    "Relu": lambda x: np.maximum(x, 0)}
+_DIRECTIONS = {"forward": 1, "reverse": 1, "bidirectional": 2}
+
+
+class Facts(NamedTuple):
+    elem_type: int
+    steps: int
+    directions: tuple[bool, ...]  # reversed?, per direction
+    hidden: int
+    activations: tuple[tuple[str, str, str], ...]  # (f, g, h) per direction
+    clip: float | None
+    layout: int
+    batch: int | str | None
+
+
+def _activations(names: list[str] | None, directions: int) -> tuple[tuple[str, str, str], ...]:
+    names = list(names or ["Sigmoid", "Tanh", "Tanh"] * directions)
+    if len(names) != 3 * directions:
+        raise Reject(f"{len(names)} activations for {directions} direction(s); LSTM takes 3 "
+                     "per direction")
+    picked = []
+    for name in names:
+        op = _ACTIVATIONS.get(name.lower())
+        if op is None:
+            raise Reject(f"activation {name!r} is not lowered (Sigmoid, Tanh, Relu are)")
+        picked.append(op)
+    return tuple((picked[3 * d], picked[3 * d + 1], picked[3 * d + 2])
+                 for d in range(directions))
+
+
+class LSTM(Pattern[Facts]):
+    op_type = "LSTM"
+    forms = (Form("LSTM", domains=frozenset({"", LOWERING_DOMAIN}),
+                  inputs=(In("X"), In("W"), In("R"), In("B", optional=True),
+                          In("sequence_lens", optional=True),
+                          In("initial_h", optional=True), In("initial_c", optional=True),
+                          In("P", optional=True)),
+                  attributes={
+                      "activation_alpha": Attr("floats", default=None),
+                      "activation_beta": Attr("floats", default=None),
+                      "activations": Attr("strings", default=None),
+                      "clip": Attr("float", default=None),
+                      "direction": Attr("string", default="forward",
+                                        choices=tuple(_DIRECTIONS)),
+                      "hidden_size": Attr("int", default=None),
+                      "input_forget": Attr("int", default=0, choices=(0, 1)),
+                      "layout": Attr("int", default=0, choices=(0, 1))},
+                  outputs=(0, 3)),)
+    examples = (
+        Example((("x", F, (5, "N", 4)), ("w", F, (1, 12, 4)), ("r", F, (1, 12, 3)),
+                 ("b", F, (1, 24))), ((F, 4), (F, 3), (F, 3)),
+                attrs={"hidden_size": 3}, domains=((LOWERING_DOMAIN, 14),)),
+    )
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        args = node.args
+        if args["input_forget"]:
+            raise Reject("input_forget=1 (coupled input and forget gates) is not lowered")
+        x = node.tensor("X")
+        elem_type = require_type(ctx, x, "X", _TYPES)
+        shape = require_shape(ctx, x, "X", "to unroll its steps", min_rank=3)
+        layout = int(args["layout"])
+        steps = shape[1] if layout else shape[0]
+        if not isinstance(steps, int):
+            raise Reject("the sequence length is not static: the cells are unrolled")
+        if steps > MAX_STEPS:
+            raise Reject(f"{steps} steps is more than the {MAX_STEPS} unrolled cells allowed")
+        if args["activation_alpha"] or args["activation_beta"]:
+            raise Reject("activation_alpha/beta are set (only Sigmoid, Tanh, Relu lowered)")
+        count = _DIRECTIONS[args["direction"]]
+        directions = (False, True) if count == 2 else (args["direction"] == "reverse",)
+        hidden = args["hidden_size"]
+        r_shape = ctx.shape(node.tensor("R"))
+        if hidden is None:
+            if not r_shape or not isinstance(r_shape[-1], int):
+                raise Reject("hidden_size is not given and R's shape is unknown")
+            hidden = r_shape[-1]
+        lengths = node.tensor("sequence_lens")
+        if lengths:
+            value = ctx.constant(lengths)
+            if value is None or np.any(np.asarray(value) != steps):
+                raise Reject("sequence_lens is not a constant equal to the sequence length "
+                             "for every batch entry (the unrolled cells run every step)")
+        batch = shape[0] if layout else shape[1]
+        return Facts(elem_type, steps, directions, int(hidden),
+                     _activations(args["activations"], count), args["clip"], layout, batch)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        compute = ComputeType(b, node, facts.elem_type)
+        x = compute.read("X")
+        assert x is not None
+        if facts.layout:
+            x = b.Transpose(x, [1, 0, 2], hint="x_time_major")
+        weights = {role: compute.read(role) for role in ("W", "R", "B", "initial_h",
+                                                         "initial_c", "P")}
+        if facts.layout:  # initial states (B, D, H) -> (D, B, H)
+            for role in ("initial_h", "initial_c"):
+                state = weights[role]
+                if state is not None:
+                    weights[role] = b.Transpose(state, [1, 0, 2], hint=f"{role}_dir_major")
+        outputs_y, last_h, last_c = [], [], []
+        for d, backwards in enumerate(facts.directions):
+            picked = {role: None if value is None else
+                      b.Gather(value, b.const(np.array(d, np.int64), hint="direction"),
+                               axis=0, hint=f"{role}{d}")
+                      for role, value in weights.items()}
+            y, h, c = self._direction(b, compute.dtype, facts, x, picked, d, backwards)
+            outputs_y.append(y)
+            last_h.append(b.Unsqueeze(h, [0], hint=f"y_h{d}"))
+            last_c.append(b.Unsqueeze(c, [0], hint=f"y_c{d}"))
+        results = [b.Concat(*outputs_y, axis=1, hint="y"), b.Concat(*last_h, axis=0, hint="y_h"),
+                   b.Concat(*last_c, axis=0, hint="y_c")]
+        if facts.layout:
+            results = [b.Transpose(results[0], [2, 0, 1, 3], hint="y_batch_major"),
+                       b.Transpose(results[1], [1, 0, 2], hint="y_h_batch_major"),
+                       b.Transpose(results[2], [1, 0, 2], hint="y_c_batch_major")]
+        for index, name in enumerate(node.outputs):
+            if name:
+                compute.write(results[index], name)
+
+    @staticmethod
+    def _direction(b: Builder, dtype: np.dtype[Any], facts: Facts, x: Value,
+                   weights: dict[str, Value | None], d: int, backwards: bool
+                   ) -> tuple[Value, Value, Value]:
+        """One direction's cells: its Y (S, 1, B, H), last H and last C (B, H)."""
+        w, r = weights["W"], weights["R"]
+        assert w is not None and r is not None
+        r_t = b.Transpose(r, [1, 0], hint=f"r_t{d}")
+        xw = b.MatMul(x, b.Transpose(w, [1, 0], hint=f"w_t{d}"), hint=f"xw{d}")  # (S, B, 4H)
+        bias = weights["B"]
+        if bias is not None:
+            wb, rb = b.Split(bias, 2, axis=0, hint=f"biases{d}")
+            xw = b.Add(xw, b.Add(wb, rb, hint=f"bias{d}"), hint=f"xw_b{d}")
+        peep = weights["P"]
+        p_i, p_o, p_f = b.Split(peep, 3, axis=0, hint=f"peepholes{d}") \
+            if peep is not None else (None, None, None)
+        h, c = weights["initial_h"], weights["initial_c"]
+        act_f, act_g, act_h = facts.activations[d]
+
+        def act(op: str, v: Value, hint: str) -> Value:
+            if facts.clip is not None:
+                bound = np.asarray(facts.clip, dtype)
+                v = b.Clip(v, b.const(-bound), b.const(bound), hint=f"{hint}_clip")
+            return b.op(op, v, hint=hint, dtype=dtype)
+
+        states: dict[int, Value] = {}
+        for t in range(facts.steps - 1, -1, -1) if backwards else range(facts.steps):
+            gates = b.Gather(xw, b.const(np.array(t, np.int64), hint="step"), axis=0,
+                             hint=f"xw{d}_t{t}")
+            if h is not None:  # (no initial state: H and C are zero at the first step)
+                gates = b.Add(gates, b.MatMul(h, r_t, hint=f"hr{d}_t{t}"),
+                              hint=f"gates{d}_t{t}")
+            g_i, g_o, g_f, g_c = b.Split(gates, 4, axis=1, hint=f"gate{d}_t{t}")
+            if c is not None and p_i is not None and p_f is not None:
+                g_i = b.Add(g_i, b.Mul(p_i, c, hint=f"pi{d}_t{t}"), hint=f"gi{d}_t{t}")
+                g_f = b.Add(g_f, b.Mul(p_f, c, hint=f"pf{d}_t{t}"), hint=f"gf{d}_t{t}")
+            new_c = b.Mul(act(act_f, g_i, f"i{d}_t{t}"), act(act_g, g_c, f"c~{d}_t{t}"),
+                          hint=f"ic{d}_t{t}")
+            if c is not None:
+                forget = act(act_f, g_f, f"f{d}_t{t}")
+                new_c = b.Add(b.Mul(forget, c, hint=f"fc{d}_t{t}"), new_c, hint=f"c{d}_t{t}")
+            if p_o is not None:
+                g_o = b.Add(g_o, b.Mul(p_o, new_c, hint=f"po{d}_t{t}"), hint=f"go{d}_t{t}")
+            h = b.Mul(act(act_f, g_o, f"o{d}_t{t}"),
+                      b.op(act_h, new_c, hint=f"hc{d}_t{t}", dtype=dtype), hint=f"h{d}_t{t}")
+            c = new_c
+            states[t] = h
+        assert h is not None and c is not None
+        y = b.Concat(*[b.Unsqueeze(states[t], [0, 1], hint=f"y{d}_t{t}")
+                       for t in range(facts.steps)], axis=0, hint=f"y{d}")
+        return y, h, c
+
+    def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
+                     ) -> list[OutputType]:
+        count, batch = len(facts.directions), facts.batch
+        shapes: list[list[int | str | None]] = \
+            [[facts.steps, count, batch, facts.hidden], [count, batch, facts.hidden],
+             [count, batch, facts.hidden]]
+        if facts.layout:
+            shapes = [[batch, facts.steps, count, facts.hidden],
+                      [batch, count, facts.hidden], [batch, count, facts.hidden]]
+        return [(facts.elem_type, shape) for shape in shapes[:len(node.outputs)]]
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
+        """ONNX's equations in float64 numpy, step by step."""
+        x = tensors["X"]
+        w, r = tensors["W"], tensors["R"]
+        assert x is not None and w is not None and r is not None
+        dtype = x.dtype
+        states = {role: tensors[role] for role in ("initial_h", "initial_c")}
+        if args["layout"]:
+            x = x.transpose(1, 0, 2)
+            states = {role: None if v is None else v.transpose(1, 0, 2)
+                      for role, v in states.items()}
+        steps, batch = x.shape[0], x.shape[1]
+        count = w.shape[0]
+        hidden = r.shape[-1]
+        names = _activations(args["activations"], count)
+        clip = args["clip"]
+        y = np.zeros((steps, count, batch, hidden))
+        y_h = np.zeros((count, batch, hidden))
+        y_c = np.zeros((count, batch, hidden))
+        for d in range(count):
+            backwards = args["direction"] == "reverse" or d == 1
+            bias = tensors["B"][d].astype(np.float64) if tensors["B"] is not None \
+                else np.zeros(8 * hidden)
+            peep = tensors["P"][d].astype(np.float64) if tensors["P"] is not None \
+                else np.zeros(3 * hidden)
+            h0, c0 = states["initial_h"], states["initial_c"]
+            h = h0[d].astype(np.float64) if h0 is not None else np.zeros((batch, hidden))
+            c = c0[d].astype(np.float64) if c0 is not None else np.zeros((batch, hidden))
+            f_act, g_act, h_act = (_NUMPY_ACTIVATIONS[n] for n in names[d])
+
+            def gate(v: np.ndarray, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+                return fn(np.clip(v, -clip, clip) if clip is not None else v)
+            for t in (range(steps - 1, -1, -1) if backwards else range(steps)):
+                z = x[t].astype(np.float64) @ w[d].T.astype(np.float64) + \
+                    h @ r[d].T.astype(np.float64) + bias[:4 * hidden] + bias[4 * hidden:]
+                zi, zo, zf, zc = np.split(z, 4, axis=1)
+                i = gate(zi + peep[:hidden] * c, f_act)
+                f = gate(zf + peep[2 * hidden:] * c, f_act)
+                c = f * c + i * gate(zc, g_act)
+                o = gate(zo + peep[hidden:2 * hidden] * c, f_act)
+                h = o * h_act(c)
+                y[t, d] = h
+            y_h[d], y_c[d] = h, c
+        results = [y, y_h, y_c]
+        if args["layout"]:
+            results = [y.transpose(2, 0, 1, 3), y_h.transpose(1, 0, 2),
+                       y_c.transpose(1, 0, 2)]
+        return [a.astype(dtype) for a in results]
+
+
+PATTERNS = [LSTM()]
