@@ -27,7 +27,8 @@ from decomposer.report import Report
 def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check: bool = True,
               registry: Registry | None = None, target: str = "portable",
               lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None,
-              target_opset: int | None = None) -> onnx.ModelProto:
+              target_opset: int | None = None, input_shapes: Mapping[str, Any] | None = None,
+              freeze_inputs: Mapping[str, Any] | None = None) -> onnx.ModelProto:
     """Return a copy of ``model`` with every decomposable custom node rewritten.
 
     ``allow_unsupported`` keeps nodes no pattern can rewrite instead of raising
@@ -44,11 +45,16 @@ def decompose(model: onnx.ModelProto, *, allow_unsupported: bool = False, check:
     Runtime's 4-bit matmuls under ``"qdq"``) reads external ones; without it, such weights
     keep the portable form. ``target_opset`` (11 to the newest) takes a model at a newer
     default-domain opset down to it, standard ops included (:mod:`decomposer.opsets`); at
-    or above the model's opset it changes nothing (decomposer never upgrades).
+    or above the model's opset it changes nothing (decomposer never upgrades). ``target``
+    may also name engines (``"rknn,openvino"``: :mod:`decomposer.targets`).
+    ``input_shapes`` (input -> dims; a str dim stays symbolic) and ``freeze_inputs``
+    (input -> values) fix inputs in the written model and fold the shape arithmetic and
+    branches they decide (:mod:`decomposer.freezing`).
     """
     out, _ = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
                         check=check, target=target, lower=lower, base_dir=base_dir,
-                        target_opset=target_opset)
+                        target_opset=target_opset, input_shapes=input_shapes,
+                        freeze_inputs=freeze_inputs)
     return out
 
 
@@ -56,12 +62,15 @@ def decompose_with_report(model: onnx.ModelProto, *, allow_unsupported: bool = F
                           check: bool = True, registry: Registry | None = None,
                           target: str = "portable", lower: Iterable[str] = (),
                           base_dir: str | os.PathLike[str] | None = None,
-                          target_opset: int | None = None
+                          target_opset: int | None = None,
+                          input_shapes: Mapping[str, Any] | None = None,
+                          freeze_inputs: Mapping[str, Any] | None = None
                           ) -> tuple[onnx.ModelProto, Report]:
     """Like :func:`decompose`, also returning the report."""
     return engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
                       check=check, target=target, lower=lower, base_dir=base_dir,
-                      target_opset=target_opset)
+                      target_opset=target_opset, input_shapes=input_shapes,
+                      freeze_inputs=freeze_inputs)
 
 
 def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | None, *,
@@ -69,7 +78,9 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
                    registry: Registry | None = None, dry_run: bool = False,
                    verify: bool = False, verify_options: Mapping[str, Any] | None = None,
                    target: str = "portable", lower: Iterable[str] = (),
-                   target_opset: int | None = None) -> Report:
+                   target_opset: int | None = None,
+                   input_shapes: Mapping[str, Any] | None = None,
+                   freeze_inputs: Mapping[str, Any] | None = None) -> Report:
     """Read ``src``, decompose it, and write ``dst`` atomically (not with ``dry_run``).
 
     External weights are streamed from ``src``'s folder into ``<dst name>.data``.
@@ -83,7 +94,8 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
         out, report = engine.run(model, registry=registry, allow_unsupported=allow_unsupported,
                                  check=check, target=target, lower=lower,
                                  base_dir=Path(src).resolve().parent,
-                                 target_opset=target_opset)
+                                 target_opset=target_opset, input_shapes=input_shapes,
+                                 freeze_inputs=freeze_inputs)
     except UnsupportedNodeError as exc:
         if isinstance(exc.report, Report):
             exc.report.input_path, exc.report.output_path = str(src), None
@@ -97,6 +109,12 @@ def decompose_file(src: str | os.PathLike[str], dst: str | os.PathLike[str] | No
         # Verify before writing, so unusable feeds fail with nothing written; a mismatch
         # is raised only after the output is on disk (it is kept for inspection).
         # External weights are read from src's folder (base_dir), never loaded here.
+        if report.folded:  # verified against the model as fixed (the same inputs)
+            from decomposer.freezing import fix_inputs
+            from decomposer.targets import resolve
+
+            model = fix_inputs(model, input_shapes, freeze_inputs,
+                               always_fold=resolve(target).fold)
         report.verification = run_verification(
             model, out, registry=registry,
             **{"base_dir": Path(src).parent, "lower": [*report.lowered, *report.lowered_nodes],

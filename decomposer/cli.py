@@ -33,6 +33,7 @@ from decomposer.errors import (
     UnsupportedNodeError,
     VerificationError,
 )
+from decomposer.freezing import parse_shape, parse_value
 from decomposer.plugins import load_pattern_source
 from decomposer.registry import build_registry
 from decomposer.targets import MODES, engine_targets
@@ -100,6 +101,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="also decompose these standard ONNX ops where the opset defines "
                              "them, for engines that lack them (an op onnx2torch or another "
                              "converter has no kernel for); repeatable")
+    parser.add_argument("--overwrite-input-shape", action="append", default=[],
+                        metavar="NAME:DIMS", dest="overwrite_input_shape",
+                        help="fix an input's dims in the written model (1x3x640x640, or "
+                             "1,3,640,640; a name keeps a dim symbolic) and fold the shape "
+                             "arithmetic they decide (onnxslim); repeatable")
+    parser.add_argument("--freeze-input", action="append", default=[], metavar="NAME=VALUE",
+                        dest="freeze_input",
+                        help="replace a run-time input by a constant (sr=16000, or 1,2,3) "
+                             "and fold what it decides: an If on it, a Range it sizes; "
+                             "repeatable")
     verify = parser.add_argument_group("verification (--verify)")
     verify.add_argument("--verify", nargs="?", const="fast", choices=("fast", "full"),
                         metavar="MODE",
@@ -240,7 +251,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                             check=not args.no_check, registry=registry, dry_run=args.dry_run,
                             verify=args.verify is not None, verify_options=options,
                             target=args.target, lower=_split_names(args.lower),
-                            target_opset=args.target_opset)
+                            target_opset=args.target_opset, **_fixed_inputs(args))
     if args.report:
         _write_report(args.report, report.to_dict())
     if not args.quiet:
@@ -292,7 +303,10 @@ def _run_many(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     refused = [flag for flag, given in [("--verify", args.verify), ("--dry-run", args.dry_run),
-                                        ("--inputs", args.inputs)] if given]
+                                        ("--inputs", args.inputs),
+                                        ("--overwrite-input-shape",
+                                         args.overwrite_input_shape),
+                                        ("--freeze-input", args.freeze_input)] if given]
     if refused:
         print(f"decomposer: error: {', '.join(refused)} works on one model (IN OUT), not "
               f"with -o; use `decomposer check` for a dry run of many", file=sys.stderr)
@@ -444,6 +458,14 @@ def _require_writable(path: str, what: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK) or \
             (target.exists() and not os.access(target, os.W_OK)):
         raise ModelIOError(f"{what} {path}: permission denied")
+
+
+def _fixed_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """decompose_file's input_shapes and freeze_inputs from --overwrite-input-shape and
+    --freeze-input (InvalidModelError, one line, for a malformed one)."""
+    shapes = dict(parse_shape(text) for text in args.overwrite_input_shape)
+    values = dict(parse_value(text) for text in args.freeze_input)
+    return {"input_shapes": shapes or None, "freeze_inputs": values or None}
 
 
 def _split_names(values: list[str]) -> list[str]:

@@ -34,7 +34,7 @@ import gc
 import hashlib
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +67,7 @@ from decomposer.errors import (
     UnsupportedNodeError,
 )
 from decomposer.forms import UnknownTypes
+from decomposer.freezing import fix_inputs
 from decomposer.functions import (
     drop_inlined_functions,
     function_key,
@@ -485,8 +486,13 @@ def _has_candidate(model: onnx.ModelProto, classifier: OpClassifier) -> bool:
 def run(model: onnx.ModelProto, *, registry: Registry | None = None,
         allow_unsupported: bool = False, check: bool = True, target: str = "portable",
         lower: Iterable[str] = (), base_dir: str | os.PathLike[str] | None = None,
-        target_opset: int | None = None) -> tuple[onnx.ModelProto, Report]:
+        target_opset: int | None = None, input_shapes: Mapping[str, Any] | None = None,
+        freeze_inputs: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, Report]:
     """Rewrite ``model``; return the new model and the report. ``model`` is not mutated.
+
+    ``input_shapes`` (input name -> dims) and ``freeze_inputs`` (input name -> values) fix
+    the model's inputs first and fold what that decides (:mod:`decomposer.freezing`); so
+    does a ``target`` whose engine needs static shape arithmetic (its profile's ``fold``).
 
     ``target_opset`` (11 to the newest) takes a model at a newer default-domain opset down
     to it (:mod:`decomposer.opsets`): its standard ops are rewritten to that opset's
@@ -511,7 +517,8 @@ def run(model: onnx.ModelProto, *, registry: Registry | None = None,
     with _collector_paused():
         return _run(model, registry=registry, allow_unsupported=allow_unsupported,
                     check=check, target=target, lower=lower, base_dir=base_dir,
-                    target_opset=target_opset)
+                    target_opset=target_opset, input_shapes=input_shapes,
+                    freeze_inputs=freeze_inputs)
 
 
 _pause_lock = threading.Lock()
@@ -541,15 +548,20 @@ def _collector_paused() -> Iterator[None]:
 def _run(model: onnx.ModelProto, *, registry: Registry | None,
          allow_unsupported: bool, check: bool, target: str,
          lower: Iterable[str], base_dir: str | os.PathLike[str] | None,
-         target_opset: int | None = None) -> tuple[onnx.ModelProto, Report]:
+         target_opset: int | None = None, input_shapes: Mapping[str, Any] | None = None,
+         freeze_inputs: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, Report]:
     validate_structure(model)
     chosen = resolve_target(target)
     target = chosen.mode
+    if input_shapes or freeze_inputs or chosen.fold:
+        model = fix_inputs(model, input_shapes, freeze_inputs, always_fold=chosen.fold)
     _check_target_opset(target_opset)
     registry = registry if registry is not None else default_registry()
     lowered = _lowerable(lower, registry)
     opsets = opset_map(list(model.opset_import))
     report = Report(opset=opsets.get("", 0), target=chosen.spelling, lowered=sorted(lowered))
+    report.fixed_inputs = sorted({*(input_shapes or {}), *(freeze_inputs or {})})
+    report.folded = bool(input_shapes or freeze_inputs or chosen.fold)
     cap = chosen.opset_cap(model)
     if cap is not None and opsets.get("", 0) > cap:
         if cap < MIN_OPSET:
@@ -596,7 +608,7 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
         target_lowering = target_lowering.union(_registered(chosen.lowering(out), registry))
         classifier = OpClassifier(kept_calls, runtime_ops=_runtime_ops(target),
                                   lowered=lowered | target_lowering.keys)
-    elif not _has_candidate(out, classifier):
+    elif not _has_candidate(out, classifier) and not report.folded:
         # Nothing to rewrite: hand the model back as it is, after the structural check
         # (full_check's strict shape inference rejects even some of ONNX's own test models).
         if check:

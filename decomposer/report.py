@@ -50,6 +50,10 @@ class Report:
     # gaps); the ones kept, and why, are in warnings
     lowered_nodes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # inputs given dims or frozen (--overwrite-input-shape, --freeze-input), and whether the
+    # model was folded (those, or a --target whose engine needs static shape arithmetic)
+    fixed_inputs: list[str] = field(default_factory=list)
+    folded: bool = False
     replaced: list[ReplacedNode] = field(default_factory=list)
     unsupported: list[NodeIssue] = field(default_factory=list)
     dropped_opset_imports: list[str] = field(default_factory=list)
@@ -74,7 +78,7 @@ class Report:
 
     @property
     def changed(self) -> bool:
-        return bool(self.replaced or self.taken_down or self.removed_constants
+        return bool(self.replaced or self.taken_down or self.removed_constants or self.folded
                     or self.dropped_opset_imports or self.dropped_value_info)
 
     def summary(self) -> str:
@@ -94,6 +98,8 @@ class Report:
             head += f" (opset {self.opset})"
         if self.unsupported:
             head += f"; {len(self.unsupported)} unsupported node(s) kept"
+        if self.fixed_inputs:
+            head += f"; fixed input(s) {', '.join(self.fixed_inputs)}, folded"
         if self.inlined_functions:
             head += f"; inlined function(s) {', '.join(self.inlined_functions)}"
         if self.dropped_value_info:
@@ -112,6 +118,8 @@ class Report:
             "lowered": list(self.lowered),
             "lowered_nodes": list(self.lowered_nodes),
             "warnings": list(self.warnings),
+            "fixed_inputs": list(self.fixed_inputs),
+            "folded": self.folded,
             "counts": self.counts,
             "replaced": [asdict(n) for n in self.replaced],
             "unsupported": [asdict(n) for n in self.unsupported],

@@ -12,6 +12,9 @@ runs on each). Out: :func:`resolve` gives a :class:`Target`:
 - ``engines``: the engines named, in the order given.
 - ``max_opset``: the lowest opset cap of their profiles (RKNN reads opset 19 at most); a
   model above it is taken down as ``--target-opset`` would.
+- ``fold``: one of them needs shape arithmetic over static sizes folded to constants
+  (ncnn and RKNN refuse a Range whose size is computed): the model is folded first
+  (:mod:`decomposer.freezing`).
 
 :meth:`Target.lowering` then says, for one model, which nodes to decompose although their
 opset defines them: every node a gap of one of the engines holds for (the gap's op,
@@ -83,6 +86,7 @@ class Target:
     mode: str
     engines: tuple[str, ...] = ()
     max_opset: int | None = None
+    fold: bool = False  # an engine needs static shape arithmetic folded (its profile)
 
     def opset_cap(self, model: onnx.ModelProto) -> int | None:
         """The opset to take ``model`` down to for these engines, or None: the profiles'
@@ -148,4 +152,5 @@ def resolve(spelling: str) -> Target:
     caps = [int(profiles[name]["max_opset"]) for name in engines
             if profiles[name].get("max_opset")]
     return Target(",".join(names), modes[0] if modes else "portable", engines,
-                  min(caps) if caps else None)
+                  min(caps) if caps else None,
+                  any(profiles[name].get("fold") for name in engines))
