@@ -95,14 +95,14 @@ def _shaped(name: str, array: np.ndarray, tensor: onnx.TypeProto.Tensor) -> np.n
     dims = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
     if len(dims) == 1 and dims[0] is None:
         return array.reshape(-1)
-    if None in dims:
+    known = [int(d) for d in dims if d is not None]
+    if len(known) != len(dims):
         raise InvalidModelError(f"--freeze-input {name}: the input's shape has unknown dims; "
                                 "give them with --overwrite-input-shape too")
-    size = int(np.prod(dims)) if dims else 1
-    if array.size != size:
+    if array.size != int(np.prod(known)):
         raise InvalidModelError(f"--freeze-input {name}: {array.size} value(s) for an input "
-                                f"of shape {dims}")
-    return array.reshape([int(d) for d in dims if d is not None])
+                                f"of shape {known}")
+    return array.reshape(known)
 
 
 def _write_dims(value: onnx.ValueInfoProto, dims: list[int | str]) -> None:

@@ -19,7 +19,7 @@ from decomposer.testing import run_onnxruntime
 def _grid_head() -> onnx.ModelProto:
     """A YOLO-style grid from the run-time size: Shape -> Gather -> Range, then a Reshape
     to a computed shape; the model carries metadata, doc strings and a default input."""
-    f32, i64 = TensorProto.FLOAT, TensorProto.INT64
+    f32 = TensorProto.FLOAT
     inits = [numpy_helper.from_array(np.array(3, np.int64), "axis_w"),
              numpy_helper.from_array(np.array(0, np.int64), "zero"),
              numpy_helper.from_array(np.array(1, np.int64), "one"),
