@@ -400,7 +400,7 @@ def check_main(argv: Sequence[str]) -> int:
                 print(f"  needs a plugin: {issue}")
             for engine, found in model.engines.items():
                 for gap in found:
-                    fix = f"--lower {gap['lower']}" if gap["lower"] else "no fix"
+                    fix = _gap_fix(engine, gap)
                     print(f"  {engine}: {gap['op']} x{gap['nodes']}: {fix} "
                           f"({gap['evidence']})")
         if args.report:
@@ -458,6 +458,15 @@ def _require_writable(path: str, what: str) -> None:
     if not os.access(folder, os.W_OK | os.X_OK) or \
             (target.exists() and not os.access(target, os.W_OK)):
         raise ModelIOError(f"{what} {path}: permission denied")
+
+
+def _gap_fix(engine: str, gap: dict[str, Any]) -> str:
+    """What fixes an engine gap `check --engines` found: the engine's --target where it
+    has a profile that applies the fix, else the --lower."""
+    lower = f"--lower {gap['lower']}" if gap["lower"] else ""
+    if engine in engine_targets() and (lower or gap.get("take_down") or gap.get("fold")):
+        return f"--target {engine}" + (f" (or {lower})" if lower else "")
+    return lower or "no fix"
 
 
 def _fixed_inputs(args: argparse.Namespace) -> dict[str, Any]:

@@ -12,9 +12,15 @@ the gap spans), ``when`` = ``size_not_constant`` (AffineGrid's size input is not
 ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
 attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a zero point) or
 ``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale whose output
-channel count differs from its input's). A call of a model-local function of a custom
-domain (kept under ``--target ort``) is a gap for each engine the data file's
-``local_functions`` entry says refuses it.
+channel count differs from its input's), ``antialias`` (``antialias=1``), ``reduction`` (a
+``reduction`` other than none), ``k_from_shape`` / ``size_from_shape`` (TopK's K, Range's
+limit computed from Shape outputs and constants: shape arithmetic that folds away once the
+input sizes are static). Besides ``lower``, a row may name the fix its engine's ``--target``
+applies: ``take_down`` (the opset where decomposer.opsets writes the op in a form the
+engine runs) and ``fold`` (static shape arithmetic folded: ``--overwrite-input-shape``);
+``kind`` = ``wrong`` marks an engine that runs the op with other numbers. A call of a
+model-local function of a custom domain (kept under ``--target ort``) is a gap for each
+engine the data file's ``local_functions`` entry says refuses it.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ CONDITIONS: dict[str | None, str] = {
     "blocked_zero_point": "`block_size` set, with a zero point",
     "per_channel_mixed_channels": "per-channel weights, input and output channel counts "
                                   "differ",
-    "antialias": "`antialias=1`", "reduction": "a `reduction` is set"}
+    "antialias": "`antialias=1`", "reduction": "a `reduction` is set",
+    "k_from_shape": "K computed from a shape", "size_from_shape": "its limit computed from a shape"}
 
 
 @cache
@@ -103,8 +110,21 @@ def _product(dims: list[int]) -> int:
     return total
 
 
+def _shape_derived(graph: onnx.GraphProto, constants: dict[str, list[int] | None]
+                   ) -> set[str]:
+    """The tensors computed from Shape outputs and constants only (shape arithmetic: a
+    constant once the input sizes are static and folded)."""
+    derived: set[str] = set()
+    for node in graph.node:
+        inputs = [name for name in node.input if name]
+        if node.op_type == "Shape" or (inputs and any(n in derived for n in inputs) and
+                                       all(n in derived or n in constants for n in inputs)):
+            derived.update(node.output)
+    return derived
+
+
 def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
-             constants: dict[str, list[int] | None]) -> bool:
+             constants: dict[str, list[int] | None], derived: set[str] | None = None) -> bool:
     if node.op_type != entry["op"] or norm_domain(node.domain) != "":
         return False
     if opset < int(entry.get("min_opset", 0)) or opset > int(entry.get("max_opset", 10**6)):
@@ -116,6 +136,8 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return any(a.name == "mode" and a.s == b"max" for a in node.attribute)
     if when == "antialias":
         return any(a.name == "antialias" and a.i for a in node.attribute)
+    if when in ("k_from_shape", "size_from_shape"):  # TopK's K, Range's limit
+        return len(node.input) > 1 and node.input[1] in (derived or set())
     if when == "reduction":
         return any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
     if when == "per_channel_mixed_channels":
@@ -147,9 +169,10 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
                if engines is None or entry["engine"] in engines]
     for graph in all_graphs(model.graph):
         constants = _constants(graph)
+        derived = _shape_derived(graph, constants)
         for node in graph.node:
             for row, entry in entries:
-                if _applies(entry, node, opset, constants):
+                if _applies(entry, node, opset, constants, derived):
                     yield row, entry, node
 
 
@@ -166,6 +189,7 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
     for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
+                              "take_down": entry.get("take_down"), "fold": entry.get("fold"),
                               "evidence": entry["evidence"]})
     _function_call_gaps(model, found)
     return found
@@ -208,7 +232,14 @@ def table() -> str:
             condition = f"opsets {entry['min_opset']}-{entry['max_opset']}"
         elif entry.get("min_opset"):
             condition = f"opset >= {entry['min_opset']}"
-        fix = f"`--lower {entry['lower']}`" if entry.get("lower") else "none (no pattern)"
+        fixes = []
+        if entry.get("lower"):
+            fixes.append(f"`--lower {entry['lower']}`")
+        if entry.get("take_down"):
+            fixes.append(f"opset {entry['take_down']} (`--target {entry['engine']}`)")
+        if entry.get("fold"):
+            fixes.append("static shapes folded (`--overwrite-input-shape`)")
+        fix = " + ".join(fixes) or "none (no pattern)"
         lines.append(f"| {names[entry['engine']]} | {entry['op']} | {condition} | {fix} | "
                      f"{entry['evidence']} |")
     return "\n".join(lines)

@@ -90,13 +90,13 @@ class Target:
 
     def opset_cap(self, model: onnx.ModelProto) -> int | None:
         """The opset to take ``model`` down to for these engines, or None: the profiles'
-        cap, and below the first opset of each op an engine lacks whose gap says
-        ``take_down`` (ONNX's function body for it, or a pattern, says it in older ops)."""
+        cap, and the ``take_down`` opset of each gap it hits (where decomposer.opsets
+        writes the op in an older form, or without it: ONNX's function body or a
+        pattern), measured to run on the engine."""
         caps = [self.max_opset] if self.max_opset is not None else []
         if self.engines:
-            for _, entry, node in gap_nodes(model, list(self.engines)):
-                if entry.get("take_down"):
-                    caps.append(first_opset(node.op_type) - 1)
+            caps += [int(entry["take_down"]) for _, entry, _ in
+                     gap_nodes(model, list(self.engines)) if entry.get("take_down")]
         return min(caps) if caps else None
 
     def lowering(self, model: onnx.ModelProto, opset: int | None = None) -> Lowering:
@@ -117,20 +117,6 @@ class Target:
                     nodes[lowered_node_key(node)] = entry["evidence"]
                     soft.add(node.output[0])
         return Lowering(nodes, frozenset(soft))
-
-
-def first_opset(op_type: str) -> int:
-    """The first default-domain opset that defines ``op_type`` (a standard op)."""
-    return next(v for v in range(1, onnx.defs.onnx_opset_version() + 1)
-                if _defined_at(op_type, v))
-
-
-def _defined_at(op_type: str, version: int) -> bool:
-    try:
-        onnx.defs.get_schema(op_type, version, "")
-    except onnx.defs.SchemaError:
-        return False
-    return True
 
 
 def resolve(spelling: str) -> Target:

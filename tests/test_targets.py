@@ -121,3 +121,22 @@ def test_report_json_names_lowered_nodes_and_warnings(tmp_path):
     data = json.loads(report.read_text())
     assert data["target"] == "tvm" and data["lowered_nodes"] == ["Resize:y"]
     assert data["warnings"] == []
+
+
+def test_rknn_takes_group_normalization_21_below_its_deprecated_18():
+    # GroupNormalization-18 is deprecated (the checker refuses it at opsets 18-20), so
+    # RKNN's cap of 19 writes ONNX's function body, not the old op
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.uniform(0.5, 1.5, 8).astype(np.float32), "scale"),
+             numpy_helper.from_array(rng.uniform(-0.5, 0.5, 8).astype(np.float32), "bias")]
+    graph = helper.make_graph(
+        [helper.make_node("GroupNormalization", ["x", "scale", "bias"], ["y"], num_groups=4)],
+        "group_norm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 4, 4])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    out, report = decomposer.decompose_with_report(model, target="rknn")
+    onnx.checker.check_model(out, full_check=True)
+    assert report.opset == 19 and "GroupNormalization" not in {n.op_type for n in out.graph.node}
+    x = {"x": rng.standard_normal((1, 8, 4, 4)).astype(np.float32)}
+    np.testing.assert_allclose(run_onnxruntime(out, x)[0], run_onnxruntime(model, x)[0],
+                               rtol=1e-5, atol=1e-5)

@@ -538,10 +538,13 @@ def _history(op_type: str) -> list[int]:
 
 
 def _schema(op_type: str, version: int) -> Any | None:
+    """The op's schema at ``version``; None where ONNX has none, or a deprecated one (the
+    checker refuses it: GroupNormalization-18 at opsets 18-20, since 21 replaced it)."""
     try:
-        return defs.get_schema(op_type, version, "")
+        schema = defs.get_schema(op_type, version, "")
     except defs.SchemaError:
         return None
+    return None if schema.deprecated else schema
 
 
 def _take_down_node(site: Site, source: int, target: int) -> bool:
