@@ -67,7 +67,7 @@ from decomposer.errors import (
     UnsupportedNodeError,
 )
 from decomposer.forms import UnknownTypes
-from decomposer.freezing import fix_inputs
+from decomposer.freezing import fix_inputs, fold
 from decomposer.functions import (
     drop_inlined_functions,
     function_key,
@@ -604,6 +604,8 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
             out = _inline_calls(out, target, base_dir, report)
         type_hints = {}
         _take_down(out, target_opset, report, registry, type_hints)
+        if chosen.fold:  # the function bodies it wrote compute sizes at run time
+            out = fold(out)
         opsets = opset_map(list(out.opset_import))
         target_lowering = target_lowering.union(_registered(chosen.lowering(out), registry))
         classifier = OpClassifier(kept_calls, runtime_ops=_runtime_ops(target),
@@ -671,6 +673,9 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     drop_unused_imports(out.opset_import, used_domains(main.nodes_before),
                         {norm_domain(domain) for domain in usage.domains}, report,
                         keep=function_domains(out))
+    if chosen.fold and report.replaced:  # the replacements' size arithmetic, folded too
+        folded = fold(out)
+        out.CopyFrom(folded)
     if check:
         try:
             check_output(out, schema_classifier, rewriter.rewritten_outputs,

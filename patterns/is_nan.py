@@ -1,17 +1,24 @@
-"""IsNaN as ``Not(Equal(x, x))``, for ``--lower IsNaN`` and the engine targets whose engine
-lacks it (MNN's converter: measured in docs/portability.md).
+"""IsNaN as comparisons, for ``--lower IsNaN`` and the engine targets whose engine lacks it
+(MNN's converter: measured in docs/portability.md).
 
 Matches ``IsNaN(X)`` in the default domain where it is lowered. Semantics are ONNX's: true
-exactly where an element is NaN. IEEE 754 makes NaN the one value unequal to itself, and
-``Equal`` compares by value (no engine in the suite folds ``x == x`` to true: each runs
-the portability case).
+exactly where an element is NaN. Under IEEE 754, NaN is the one value unequal to itself,
+and every ordered comparison with it is false, while every other value, infinities
+included, is below +inf or above -inf. Either test alone says IsNaN; engines break one
+each, the same way (measured):
+
+- MNN answers ``x == x`` with true for NaN;
+- OpenVINO answers ``x < +inf`` (and ``x <= 0 or x > 0``) with true for NaN.
+
+Each engine's broken test misses the NaNs and never flags another value, so the union of
+the two is exact on both, and on every other engine of the suite.
 
 Before -> after::
 
-    IsNaN(x)  ->  Not(Equal(x, x))
+    IsNaN(x)  ->  Or(Not(Equal(x, x)), Not(Or(Less(x, +inf), Greater(x, -inf))))
 
-Envelope: opsets 11+; float16/32/64 (bfloat16 from opset 13, where Equal takes it); any
-shape, dims dynamic.
+Envelope: opsets 11+; float16/32/64 (bfloat16 from opset 13, where Less and Greater take
+it); any shape, dims dynamic.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from onnx import TensorProto
 
-from decomposer.builder import Builder
+from decomposer.builder import Builder, numpy_dtype
 from decomposer.checks import require_type
 from decomposer.examples import Example, F
 from decomposer.forms import Form, In
@@ -49,7 +56,12 @@ class IsNaN(Pattern[Facts]):
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         x = b.input(node.tensor("X"), facts.elem_type)
-        b.op("Not", b.op("Equal", x, x, hint="is_number"), out=node.outputs[0])
+        dtype = numpy_dtype(facts.elem_type)
+        unequal = b.op("Not", b.op("Equal", x, x, hint="equal_self"), hint="unequal_self")
+        below = b.op("Less", x, b.const(np.array(np.inf, dtype)), hint="below_inf")
+        above = b.op("Greater", x, b.const(np.array(-np.inf, dtype)), hint="above_minus_inf")
+        unordered = b.op("Not", b.op("Or", below, above, hint="ordered"), hint="unordered")
+        b.op("Or", unequal, unordered, out=node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

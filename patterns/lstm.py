@@ -112,6 +112,9 @@ class LSTM(Pattern[Facts]):
             raise Reject("input_forget=1 (coupled input and forget gates) is not lowered")
         x = node.tensor("X")
         elem_type = require_type(ctx, x, "X", _TYPES)
+        for role in ("W", "R", "B", "initial_h", "initial_c", "P"):
+            if node.tensor(role):  # ONNX's T: every float input is X's type
+                require_type(ctx, node.tensor(role), role, (elem_type,))
         shape = require_shape(ctx, x, "X", "to unroll its steps", min_rank=3)
         layout = int(args["layout"])
         steps = shape[1] if layout else shape[0]

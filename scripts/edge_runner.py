@@ -1,7 +1,10 @@
-"""Run one ONNX model on an edge inference engine, in that engine's own venv.
+"""Run one ONNX model on an edge inference engine, in a subprocess (a converter or engine
+crash stays there), in this interpreter when the engine is installed here, else in the
+engine's own venv (``$EDGE_ENGINES_DIR/ENGINE/venv``, default /work/engines: RKNN's pins
+need one; ../shared/engines.md says how each installs).
 
-CLI, under /work/engines/ENGINE/venv/bin/python:
-    python runner.py ENGINE MODEL.onnx FEEDS.npz OUT.npz
+CLI, under the engine's interpreter:
+    python edge_runner.py ENGINE MODEL.onnx FEEDS.npz OUT.npz
   ENGINE     opencv | ncnn | mnn | tract | rknn
   FEEDS.npz  one array per graph input, keyed by the graph input's name
   OUT.npz    the outputs in graph-output order, keyed out0, out1, ...
@@ -11,7 +14,7 @@ CLI, under /work/engines/ENGINE/venv/bin/python:
 
 Library, from any Python with numpy (e.g. the project venv):
     run(engine, model_path, feeds: dict[str, np.ndarray], timeout=600.0) -> list[np.ndarray]
-  runs the CLI in a subprocess of the engine's venv in a temp dir and returns the
+  runs the CLI in a subprocess of the engine's interpreter in a temp dir and returns the
   outputs in graph-output order; raises RuntimeError(one_line) on failure, on
   timeout ("timed out after N s") or on a crash ("crashed (signal 11)").
 """
@@ -55,16 +58,19 @@ def run(engine, model_path, feeds, timeout=600.0):
     """Run model_path on engine in its venv; outputs in graph-output order."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}, expected one of {ENGINES}")
-    py = os.path.join(ENGINES_DIR, engine, "venv", "bin", "python")
+    py = python_for(engine)
+    if py is None:
+        raise RuntimeError(f"{engine} is not installed (no {ENGINES_DIR}/{engine}/venv, and "
+                           f"pip install {PACKAGES[engine]} here)")
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env["RUST_BACKTRACE"] = "0"  # tract: keep its error to the message, no Rust backtrace
-    if engine == "mnn":
-        # MNN's Python tools `pip install -U aliyun-log-python-sdk` on import with the first pip on
-        # PATH (protobuf<6: breaks onnx 1.23). The runner never imports them, and this
-        # refuses anyway.
-        env["PATH"] = os.path.join(ENGINES_DIR, "nopip") + os.pathsep + env.get("PATH", "")
     with tempfile.TemporaryDirectory(prefix=f"edge-{engine}-") as tmp:
+        if engine == "mnn":
+            # MNN's Python tools `pip install -U aliyun-log-python-sdk` on import with the
+            # first pip on PATH (protobuf<6: breaks onnx 1.23). The runner never imports
+            # them, and a pip that refuses comes first on PATH anyway.
+            env["PATH"] = _refusing_pip(tmp) + os.pathsep + env.get("PATH", "")
         fin, fout = os.path.join(tmp, "feeds.npz"), os.path.join(tmp, "out.npz")
         np.savez(fin, **{k: np.asarray(v) for k, v in feeds.items()})
         cmd = [py, HERE, engine, os.path.abspath(model_path), fin, fout]
@@ -87,6 +93,35 @@ def run(engine, model_path, feeds, timeout=600.0):
 
 
 # ---------------------------------------------------------------- helpers
+
+PACKAGES = {"opencv": "opencv-python-headless", "ncnn": "ncnn pnnx", "mnn": "mnn",
+            "tract": "tract", "rknn": "rknn-toolkit2 (its own venv: ../shared/engines.md)"}
+_MODULES = {"opencv": "cv2", "ncnn": "pnnx", "mnn": "MNN", "tract": "tract", "rknn": "rknn"}
+
+
+def python_for(engine):
+    """The interpreter that runs ``engine``: this one if the engine imports here (the test
+    extra installs OpenCV, ncnn with pnnx, MNN and tract beside decomposer), else its own
+    venv under ENGINES_DIR (RKNN's pins need one), else None."""
+    import importlib.util
+
+    if importlib.util.find_spec(_MODULES[engine]):
+        return sys.executable
+    own = os.path.join(ENGINES_DIR, engine, "venv", "bin", "python")
+    return own if os.path.exists(own) else None
+
+
+def _refusing_pip(folder):
+    """A folder of pip commands that refuse to install anything."""
+    path = os.path.join(folder, "nopip")
+    os.makedirs(path, exist_ok=True)
+    for name in ("pip", "pip3", f"pip3.{sys.version_info.minor}"):
+        tool = os.path.join(path, name)
+        with open(tool, "w") as f:
+            f.write("#!/bin/sh\necho 'pip refused (decomposer edge runner)' >&2\nexit 1\n")
+        os.chmod(tool, 0o755)
+    return path
+
 
 def _one_line(text, exc=None):
     """The single most informative line of an engine log (+ exception text)."""
