@@ -36,7 +36,7 @@ import onnx
 from decomposer.graphs import all_graphs, norm_domain, opset_map
 
 __all__ = ["contrib_support", "engine_gaps", "gap_nodes", "gaps", "known_engines",
-           "majority_wrong", "table"]
+           "majority_table", "majority_wrong", "table"]
 
 DATA = Path(__file__).resolve().parent / "data" / "engine_support.json"
 # A row's ``when`` -> how docs/portability.md's table says it
@@ -178,7 +178,9 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
 
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
-    """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "evidence"}``."""
+    """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
+    "evidence"}``; a model above the engine's opset cap (its profile's ``max_opset``)
+    is one too, first, as ``"opset N"`` with the cap as ``take_down``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     if model is None:
         return found
@@ -192,6 +194,13 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                               "take_down": entry.get("take_down"), "fold": entry.get("fold"),
                               "evidence": entry["evidence"]})
     _function_call_gaps(model, found)
+    opset = opset_map(list(model.opset_import)).get("", 1)
+    for engine in engines:
+        profile = _data().get("profiles", {}).get(engine, {})
+        if profile.get("max_opset") and opset > int(profile["max_opset"]):
+            found[engine].insert(0, {"op": f"opset {opset}", "nodes": 0, "lower": None,
+                                     "take_down": int(profile["max_opset"]), "fold": None,
+                                     "evidence": profile["evidence"]})
     return found
 
 
@@ -241,5 +250,16 @@ def table() -> str:
             fixes.append("static shapes folded (`--overwrite-input-shape`)")
         fix = " + ".join(fixes) or "none (no pattern)"
         lines.append(f"| {names[entry['engine']]} | {entry['op']} | {condition} | {fix} | "
+                     f"{entry['evidence']} |")
+    return "\n".join(lines)
+
+
+def majority_table() -> str:
+    """The markdown table of ``majority_wrong`` (docs/portability.md, generated)."""
+    lines = ["| op | when | lowered by | engines that compute it wrongly | evidence |",
+             "|---|---|---|---|---|"]
+    for entry in majority_wrong():
+        lines.append(f"| {entry['op']} | {CONDITIONS[entry.get('when')]} | "
+                     f"`--lower {entry['lower']}` | {entry['engine'].replace(',', ', ')} | "
                      f"{entry['evidence']} |")
     return "\n".join(lines)

@@ -3,7 +3,8 @@ probes scripts/engine_matrix.py runs on every engine to write the gap rows of
 decomposer/data/engine_support.json.
 
 In: nothing. Out: ``PROBES``, a list of :class:`Probe`: the op, the gap condition it shows
-(``when``, as engine_support.json spells it, or None), and a builder returning
+(``when``, as engine_support.json spells it, or None; several probes may show one gap in
+different spellings), and a builder returning
 ``(onnx.ModelProto, feeds)`` with static shapes, batch 1, float32 unless an input is an
 index or a flag. Every probe passes onnx.checker (full) and runs on ONNX Runtime, whose
 outputs are the reference.
@@ -91,6 +92,14 @@ def resize_antialias():
                    {"mode": "linear", "antialias": 1},
                    {"scales": np.array([1, 1, 0.5, 0.5], np.float32)},
                    node_inputs=["x", "", "scales"])
+
+
+def resize_antialias_sizes():
+    """The same as torch's dynamo exporter writes F.interpolate(..., antialias=True):
+    ``sizes`` and ``exclude_outside=1`` (OpenCV gets the first probe right, not this one)."""
+    return _single("Resize", [("x", F32, [1, 2, 16, 16])], [("y", F32, [1, 2, 8, 8])], 18,
+                   {"mode": "linear", "antialias": 1, "exclude_outside": 1},
+                   {"sizes": np.array([1, 2, 8, 8], np.int64)}, node_inputs=["x", "", "", "sizes"])
 
 
 def stft():
@@ -249,6 +258,7 @@ PROBES = [
     Probe("AffineGrid", None, affine_grid),
     Probe("GridSample", None, grid_sample),
     Probe("Resize", "antialias", resize_antialias),
+    Probe("Resize", "antialias", resize_antialias_sizes),
     Probe("STFT", None, stft),
     Probe("DFT", None, dft),
     Probe("Einsum", None, einsum),

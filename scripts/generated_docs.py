@@ -68,6 +68,7 @@ SECTIONS = (
     ("README.md", "supported-ops", supported_ops_table),
     ("docs/portability.md", "portability-rules", rules_table),
     ("docs/portability.md", "engine-gaps", lambda: engine_support.table() + "\n"),
+    ("docs/portability.md", "majority-wrong", lambda: engine_support.majority_table() + "\n"),
     ("docs/opset-adapters.md", "opset-adapters", opset_adapter_table),
 )
 

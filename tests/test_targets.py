@@ -140,3 +140,16 @@ def test_rknn_takes_group_normalization_21_below_its_deprecated_18():
     x = {"x": rng.standard_normal((1, 8, 4, 4)).astype(np.float32)}
     np.testing.assert_allclose(run_onnxruntime(out, x)[0], run_onnxruntime(model, x)[0],
                                rtol=1e-5, atol=1e-5)
+
+
+def test_check_names_the_opset_cap_and_the_target_that_fixes_it(tmp_path, capsys):
+    source = tmp_path / "m.onnx"
+    onnx.save(_resizes([1, 2, 16, 16], opset=21), source)
+    assert main(["check", str(source), "--engines", "rknn,ncnn"]) == 0
+    out = capsys.readouterr().out
+    assert "rknn: opset 21 x0: --target rknn" in out
+    # check judges the decomposed model: the portable target already lowered the
+    # antialiased Resize ncnn computes wrongly
+    assert "ncnn:" not in out
+    gaps = engine_support.engine_gaps(_resizes([1, 2, 16, 16], opset=21), ["rknn"])["rknn"]
+    assert gaps[0]["take_down"] == 19

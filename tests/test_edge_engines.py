@@ -1,0 +1,118 @@
+"""decomposer/data/engine_support.json's rows for the edge engines the test extra installs
+(OpenCV DNN, ncnn via pnnx, MNN, tract), measured again on the engines themselves: the
+probe of each row (scripts/engine_probes.py) fails there or gives other numbers than ONNX
+Runtime, and the row's fix (its ``--lower``, ``take_down`` opset or folding) makes it
+exact; a probe with no row runs exact. RKNN needs its own environment (its pins): its rows
+are measured by scripts/engine_matrix.py. The default run samples the rows; the full set
+is ``exhaustive``."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+import decomposer
+from decomposer import engine_support
+
+CI_ENGINES = ("opencv", "ncnn", "mnn", "tract")
+_MODULES = {"opencv": "cv2", "ncnn": "pnnx", "mnn": "MNN", "tract": "tract"}
+# a few rows per engine in the default run (the silent wrong results first)
+SAMPLED = {("ncnn", "Resize", "antialias"), ("mnn", "Resize", "antialias"),
+           ("mnn", "ScatterElements", "reduction"), ("mnn", "IsNaN", None),
+           ("mnn", "Attention", None), ("tract", "AffineGrid", None),
+           ("opencv", "STFT", None), ("ncnn", "DFT", None)}
+
+
+def _installed(engine: str) -> bool:
+    return importlib.util.find_spec(_MODULES[engine]) is not None
+
+
+def _probe(op, when):
+    from engine_probes import PROBES
+
+    return next(p for p in PROBES if (p.op, p.when) == (op, when))
+
+
+def _cell(engine, model, feeds, want):
+    from pathlib import Path
+
+    from engine_matrix import cell
+
+    return cell(engine, model, feeds, want, Path("/nonexistent"))
+
+
+def _rows(sampled: bool):
+    rows = [e for e in engine_support.gaps() if e["engine"] in CI_ENGINES]
+    chosen = [e for e in rows if (e["engine"], e["op"], e.get("when")) in SAMPLED]
+    return [pytest.param(e, id=f"{e['engine']}-{e['op']}") for e in
+            (chosen if sampled else rows)]
+
+
+def _fixed(entry, model):
+    static = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in model.graph.input}
+    return decomposer.decompose(
+        model, lower=[entry["lower"]] if entry.get("lower") else (),
+        target_opset=entry.get("take_down"),
+        input_shapes=static if entry.get("fold") else None)
+
+
+def _check(entry):
+    if not _installed(entry["engine"]):
+        pytest.skip(f"{entry['engine']} is not installed (the test extra installs it)")
+    from decomposer.engines import run_model
+
+    model, feeds = _probe(entry["op"], entry.get("when")).build()
+    want = run_model("ort", model, feeds)
+    before = _cell(entry["engine"], model, feeds, want)
+    assert before["status"] != "ok", f"the engine runs it now: {before}"
+    if entry.get("kind") == "wrong":
+        assert before["status"] == "wrong"
+    if entry.get("lower") or entry.get("take_down") or entry.get("fold"):
+        after = _cell(entry["engine"], _fixed(entry, model), feeds, want)
+        assert after["status"] == "ok", after
+        # and the engine's own --target applies that fix
+        targeted = decomposer.decompose(model, target=entry["engine"])
+        assert _cell(entry["engine"], targeted, feeds, want)["status"] == "ok"
+
+
+@pytest.mark.parametrize("entry", _rows(sampled=True))
+def test_sampled_row_is_measured_again(entry):
+    _check(entry)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("entry", _rows(sampled=False))
+def test_row_is_measured_again(entry):
+    _check(entry)
+
+
+@pytest.mark.exhaustive
+@pytest.mark.parametrize("engine", CI_ENGINES)
+def test_probes_without_a_row_run_exact(engine):
+    from decomposer.engines import run_model
+    from engine_probes import PROBES
+
+    if not _installed(engine):
+        pytest.skip(f"{engine} is not installed")
+    rows = {(e["op"], e.get("when")) for e in engine_support.gaps() if e["engine"] == engine}
+    for probe in PROBES:
+        if (probe.op, probe.when) in rows:
+            continue
+        model, feeds = probe.build()
+        result = _cell(engine, model, feeds, run_model("ort", model, feeds))
+        assert result["status"] == "ok", (probe.label, result)
+
+
+def test_edge_runner_refuses_pip_for_mnn(tmp_path):
+    """MNN's tools install a telemetry SDK with the first pip on PATH (it would take
+    protobuf below what onnx needs): the runner puts a refusing pip first."""
+    import subprocess
+
+    from edge_runner import _refusing_pip
+
+    folder = _refusing_pip(str(tmp_path))
+    run = subprocess.run([f"{folder}/pip", "install", "anything"], capture_output=True,
+                         text=True)
+    assert run.returncode == 1 and "refused" in run.stderr
