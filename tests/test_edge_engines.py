@@ -91,8 +91,9 @@ def test_row_is_measured_again(entry):
 @pytest.mark.exhaustive
 @pytest.mark.parametrize("engine", CI_ENGINES)
 def test_probes_without_a_row_run_exact(engine):
-    from decomposer.engines import run_model
     from engine_probes import PROBES
+
+    from decomposer.engines import run_model
 
     if not _installed(engine):
         pytest.skip(f"{engine} is not installed")
