@@ -466,6 +466,8 @@ def _gap_fix(engine: str, gap: dict[str, Any]) -> str:
     lower = f"--lower {gap['lower']}" if gap["lower"] else ""
     if engine in engine_targets() and (lower or gap.get("take_down") or gap.get("fold")):
         return f"--target {engine}" + (f" (or {lower})" if lower else "")
+    if gap.get("freeze"):  # an If on a run-time input: freezing it folds the branch away
+        return " ".join(f"--freeze-input {name}=VALUE" for name in gap["freeze"])
     return lower or "no fix"
 
 

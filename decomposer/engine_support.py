@@ -176,22 +176,44 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
                     yield row, entry, node
 
 
+def _input_sources(graph: onnx.GraphProto) -> dict[str, set[str]]:
+    """Per tensor of the main graph, the run-time graph inputs it is computed from."""
+    initialized = {init.name for init in graph.initializer}
+    sources: dict[str, set[str]] = {value.name: {value.name} for value in graph.input
+                                    if value.name not in initialized}
+    for node in graph.node:
+        found: set[str] = set()
+        for name in node.input:
+            found |= sources.get(name, set())
+        for name in node.output:
+            sources[name] = found
+    return sources
+
+
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
-    "evidence"}``; a model above the engine's opset cap (its profile's ``max_opset``)
-    is one too, first, as ``"opset N"`` with the cap as ``take_down``."""
+    "freeze", "evidence"}`` (``freeze``: the run-time inputs an If's condition is computed
+    from, which ``--freeze-input`` can fix and fold away); a model above the engine's
+    opset cap (its profile's ``max_opset``) is one too, first, as ``"opset N"`` with the
+    cap as ``take_down``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     if model is None:
         return found
     entries = gaps()
     hits: dict[tuple[str, int], int] = {}  # (engine, row) -> nodes
-    for row, entry, _ in gap_nodes(model, engines):
+    freeze: dict[tuple[str, int], set[str]] = {}  # the graph inputs an If's branch hangs on
+    sources = _input_sources(model.graph)
+    for row, entry, node in gap_nodes(model, engines):
         hits[(entry["engine"], row)] = hits.get((entry["engine"], row), 0) + 1
+        if node.op_type == "If" and node.input:
+            freeze.setdefault((entry["engine"], row), set()).update(
+                sources.get(node.input[0], set()))
     for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
                               "take_down": entry.get("take_down"), "fold": entry.get("fold"),
+                              "freeze": sorted(freeze.get((engine, row), ())),
                               "evidence": entry["evidence"]})
     _function_call_gaps(model, found)
     opset = opset_map(list(model.opset_import)).get("", 1)
@@ -200,6 +222,7 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
         if profile.get("max_opset") and opset > int(profile["max_opset"]):
             found[engine].insert(0, {"op": f"opset {opset}", "nodes": 0, "lower": None,
                                      "take_down": int(profile["max_opset"]), "fold": None,
+                                     "freeze": [],
                                      "evidence": profile["evidence"]})
     return found
 

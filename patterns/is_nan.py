@@ -8,14 +8,16 @@ included, is below +inf or above -inf. Either test alone says IsNaN; engines bre
 each, the same way (measured):
 
 - MNN answers ``x == x`` with true for NaN;
-- OpenVINO answers ``x < +inf`` (and ``x <= 0 or x > 0``) with true for NaN.
+- OpenVINO answers ``x < +inf`` (and ``x <= 0 or x > 0``, ``|x| <= +inf``) with true
+  for NaN.
 
 Each engine's broken test misses the NaNs and never flags another value, so the union of
-the two is exact on both, and on every other engine of the suite.
+the two is exact on both, and on every other engine of the suite. Speed: about 2x the
+native kernel on ONNX Runtime (four elementwise passes and a Not for one; docs/performance.md).
 
 Before -> after::
 
-    IsNaN(x)  ->  Or(Not(Equal(x, x)), Not(Or(Less(x, +inf), Greater(x, -inf))))
+    IsNaN(x)  ->  Not(And(Equal(x, x), Or(Less(x, +inf), Greater(x, -inf))))
 
 Envelope: opsets 11+; float16/32/64 (bfloat16 from opset 13, where Less and Greater take
 it); any shape, dims dynamic.
@@ -57,11 +59,13 @@ class IsNaN(Pattern[Facts]):
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         x = b.input(node.tensor("X"), facts.elem_type)
         dtype = numpy_dtype(facts.elem_type)
-        unequal = b.op("Not", b.op("Equal", x, x, hint="equal_self"), hint="unequal_self")
-        below = b.op("Less", x, b.const(np.array(np.inf, dtype)), hint="below_inf")
-        above = b.op("Greater", x, b.const(np.array(-np.inf, dtype)), hint="above_minus_inf")
-        unordered = b.op("Not", b.op("Or", below, above, hint="ordered"), hint="unordered")
-        b.op("Or", unequal, unordered, out=node.outputs[0])
+        equal = b.op("Equal", x, x, hint="equal_self")
+        # (not |x| <= inf: MNN answers that with true for NaN as well)
+        bounded = b.op("Or", b.op("Less", x, b.const(np.array(np.inf, dtype)),
+                                  hint="below_inf"),
+                       b.op("Greater", x, b.const(np.array(-np.inf, dtype)),
+                            hint="above_minus_inf"), hint="ordered")
+        b.op("Not", b.op("And", equal, bounded, hint="a_number"), out=node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -14,8 +14,9 @@ input_forget, layout)`` in the default domain where it is lowered. Semantics are
 Before -> after (per direction; S steps)::
 
     LSTM(X, W, R, B)  ->  XW = MatMul(X, W^T) + (Wb + Rb)     (every step at once)
-                          per step t: Split(Gather(XW, t) + MatMul(H, R^T)) -> the cell;
-                          Y = Concat(Unsqueeze(H_t)), Y_h = H_last, Y_c = C_last
+                          Split(XW) into steps; per step t: Split(XW_t + MatMul(H, R^T))
+                          -> the cell (H, C kept (1, B, H));
+                          Y = Unsqueeze(Concat(H_t)), Y_h = H_last, Y_c = C_last
 
 The reverse direction walks t = S-1 .. 0 and writes each H_t at its own time index, as
 ONNX's does. With no initial state the first step skips the H and C terms (they are
@@ -157,14 +158,16 @@ class LSTM(Pattern[Facts]):
                     weights[role] = b.Transpose(state, [1, 0, 2], hint=f"{role}_dir_major")
         outputs_y, last_h, last_c = [], [], []
         for d, backwards in enumerate(facts.directions):
+            # weights as (rows, cols) of direction d; states kept (1, B, H), as Y_h holds them
             picked = {role: None if value is None else
                       b.Gather(value, b.const(np.array(d, np.int64), hint="direction"),
-                               axis=0, hint=f"{role}{d}")
+                               axis=0, hint=f"{role}{d}") if role in ("W", "R", "B", "P")
+                      else b.Slice(value, [d], [d + 1], [0], hint=f"{role}{d}")
                       for role, value in weights.items()}
             y, h, c = self._direction(b, compute.dtype, facts, x, picked, d, backwards)
             outputs_y.append(y)
-            last_h.append(b.Unsqueeze(h, [0], hint=f"y_h{d}"))
-            last_c.append(b.Unsqueeze(c, [0], hint=f"y_c{d}"))
+            last_h.append(h)
+            last_c.append(c)
         results = [b.Concat(*outputs_y, axis=1, hint="y"), b.Concat(*last_h, axis=0, hint="y_h"),
                    b.Concat(*last_c, axis=0, hint="y_c")]
         if facts.layout:
@@ -179,7 +182,7 @@ class LSTM(Pattern[Facts]):
     def _direction(b: Builder, dtype: np.dtype[Any], facts: Facts, x: Value,
                    weights: dict[str, Value | None], d: int, backwards: bool
                    ) -> tuple[Value, Value, Value]:
-        """One direction's cells: its Y (S, 1, B, H), last H and last C (B, H)."""
+        """One direction's cells: its Y (S, 1, B, H), last H and last C (1, B, H)."""
         w, r = weights["W"], weights["R"]
         assert w is not None and r is not None
         r_t = b.Transpose(r, [1, 0], hint=f"r_t{d}")
@@ -201,13 +204,15 @@ class LSTM(Pattern[Facts]):
             return b.op(op, v, hint=hint, dtype=dtype)
 
         states: dict[int, Value] = {}
+        # every step's input part at once: one Split, not a Gather per step
+        inputs = b.Split(xw, facts.steps, axis=0, hint=f"xw{d}_steps") \
+            if facts.steps > 1 else [xw]
         for t in range(facts.steps - 1, -1, -1) if backwards else range(facts.steps):
-            gates = b.Gather(xw, b.const(np.array(t, np.int64), hint="step"), axis=0,
-                             hint=f"xw{d}_t{t}")
+            gates = inputs[t]  # (1, B, 4H)
             if h is not None:  # (no initial state: H and C are zero at the first step)
                 gates = b.Add(gates, b.MatMul(h, r_t, hint=f"hr{d}_t{t}"),
                               hint=f"gates{d}_t{t}")
-            g_i, g_o, g_f, g_c = b.Split(gates, 4, axis=1, hint=f"gate{d}_t{t}")
+            g_i, g_o, g_f, g_c = b.Split(gates, 4, axis=2, hint=f"gate{d}_t{t}")
             if c is not None and p_i is not None and p_f is not None:
                 g_i = b.Add(g_i, b.Mul(p_i, c, hint=f"pi{d}_t{t}"), hint=f"gi{d}_t{t}")
                 g_f = b.Add(g_f, b.Mul(p_f, c, hint=f"pf{d}_t{t}"), hint=f"gf{d}_t{t}")
@@ -223,9 +228,8 @@ class LSTM(Pattern[Facts]):
             c = new_c
             states[t] = h
         assert h is not None and c is not None
-        y = b.Concat(*[b.Unsqueeze(states[t], [0, 1], hint=f"y{d}_t{t}")
-                       for t in range(facts.steps)], axis=0, hint=f"y{d}")
-        return y, h, c
+        y = b.Concat(*[states[t] for t in range(facts.steps)], axis=0, hint=f"y{d}_steps")
+        return b.Unsqueeze(y, [1], hint=f"y{d}"), h, c
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -12,7 +12,7 @@ computed once when the model is rewritten.
 
 Before -> after (an (N, C, H, W) input resized on H and W)::
 
-    Resize(X, scales)  ->  Transpose(MatMul(Transpose(X, H last), M_H), back) @ M_W
+    Resize(X, scales)  ->  M_H^T @ (X @ M_W)      (another axis: moved last, X @ M, back)
 
 Why: engines that compute antialias as plain bilinear (OpenCV, ncnn, MNN, OpenVINO, TVM:
 docs/portability.md) or lack half_pixel_symmetric run MatMuls right. The sums are MatMul's
@@ -122,16 +122,23 @@ class Resize(Pattern[Facts]):
         x = compute.read("X")
         assert x is not None
         rank = facts.rank
-        for axis, matrix in facts.matrices:
+        # The last axis first (X @ M), then the one before it from the left (M^T @ X):
+        # no Transpose for the two innermost axes, and a downscale shrinks X before the
+        # second product. Other axes are moved last and back.
+        for axis, matrix in sorted(facts.matrices, key=lambda am: -am[0]):
+            if axis == rank - 1:
+                x = b.MatMul(x, b.const(matrix.astype(compute.dtype),
+                                        hint=f"resize_axis{axis}"), hint=f"resized{axis}")
+                continue
+            if axis == rank - 2:
+                x = b.MatMul(b.const(np.ascontiguousarray(matrix.T).astype(compute.dtype),
+                                     hint=f"resize_axis{axis}"), x, hint=f"resized{axis}")
+                continue
             order = [a for a in range(rank) if a != axis] + [axis]
-            moved = axis != rank - 1
-            if moved:
-                x = b.Transpose(x, order, hint=f"axis{axis}_last")
+            x = b.Transpose(x, order, hint=f"axis{axis}_last")
             x = b.MatMul(x, b.const(matrix.astype(compute.dtype), hint=f"resize_axis{axis}"),
                          hint=f"resized{axis}")
-            if moved:
-                x = b.Transpose(x, [order.index(a) for a in range(rank)],
-                                hint=f"axis{axis}_back")
+            x = b.Transpose(x, [order.index(a) for a in range(rank)], hint=f"axis{axis}_back")
         compute.write(x, node.outputs[0])
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts

@@ -132,3 +132,12 @@ def test_with_many_models_the_flags_are_refused(tmp_path, capsys):
     onnx.save(_switch(), source)
     assert main([str(source), "-o", str(tmp_path / "out"), "--freeze-input", "sr=1"]) == 2
     assert "works on one model" in capsys.readouterr().err
+
+
+def test_check_names_the_input_to_freeze_for_an_engine_without_if(tmp_path, capsys):
+    source = tmp_path / "switch.onnx"
+    onnx.save(_switch(), source)
+    assert main(["check", str(source), "--engines", "rknn,ncnn"]) == 0
+    out = capsys.readouterr().out
+    assert "rknn: If x1: --freeze-input sr=VALUE" in out
+    assert "ncnn: If x1: --freeze-input sr=VALUE" in out

@@ -1,0 +1,111 @@
+"""Speed of the engine-target lowerings of round 4 against ONNX Runtime's native kernel.
+
+In: one model per lowering, at typical sizes: LSTM (a voice-activity detector's: sequence
+64, batch 1, input 64, hidden 64; and a bidirectional one, sequence 32, batch 4, input 32,
+hidden 128), IsNaN on an activation (1 x 64 x 56 x 56) and antialiased Resize (torch's
+export: sizes, exclude_outside=1; 1 x 3 x 448 x 448 -> 224 x 224, and 1 x 64 x 128 x 128 ->
+64 x 64). Each op feeds one more node, as in a model.
+Out: per case, the median time of the lowered model over the native one (ONNX Runtime 1.32
+CPU, 1 thread, spinning off, interleaved rounds in shuffled order) and the largest
+difference between their outputs.
+
+    python scripts/bench_lowerings.py [--rounds 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import decomposer
+
+from benchlib import OrtRunner, interleaved_rounds, time_calls
+
+F = TensorProto.FLOAT
+
+
+def _lstm(steps: int, batch: int, features: int, hidden: int, direction: str):
+    rng = np.random.default_rng(0)
+    count = 2 if direction == "bidirectional" else 1
+    inits = [numpy_helper.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), n)
+             for n, shape in (("W", (count, 4 * hidden, features)),
+                              ("R", (count, 4 * hidden, hidden)), ("B", (count, 8 * hidden)))]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R", "B"], ["y_op", "h_op"],
+                              hidden_size=hidden, direction=direction),
+             helper.make_node("Neg", ["y_op"], ["y"]), helper.make_node("Neg", ["h_op"], ["h"])]
+    graph = helper.make_graph(nodes, "lstm", [helper.make_tensor_value_info(
+        "x", F, [steps, batch, features])], [helper.make_tensor_value_info("y", F, [None] * 4),
+                                             helper.make_tensor_value_info("h", F, [None] * 3)],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)])
+    return model, {"x": rng.standard_normal((steps, batch, features)).astype(np.float32)}, \
+        ["LSTM"]
+
+
+def _is_nan():
+    nodes = [helper.make_node("IsNaN", ["x"], ["m"]), helper.make_node("Not", ["m"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "is_nan", [helper.make_tensor_value_info("x", F, [1, 64, 56, 56])],
+        [helper.make_tensor_value_info("y", TensorProto.BOOL, [None] * 4)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    x = np.random.default_rng(1).standard_normal((1, 64, 56, 56)).astype(np.float32)
+    x.reshape(-1)[::97] = np.nan
+    return model, {"x": x}, ["IsNaN"]
+
+
+def _resize(channels: int, size: int):
+    sizes = numpy_helper.from_array(np.array([1, channels, size // 2, size // 2], np.int64),
+                                    "sizes")
+    nodes = [helper.make_node("Resize", ["x", "", "", "sizes"], ["r"], mode="linear",
+                              antialias=1, exclude_outside=1),
+             helper.make_node("Neg", ["r"], ["y"])]
+    graph = helper.make_graph(nodes, "resize", [helper.make_tensor_value_info(
+        "x", F, [1, channels, size, size])], [helper.make_tensor_value_info("y", F, [None] * 4)],
+        [sizes])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    x = np.random.default_rng(2).standard_normal((1, channels, size, size)).astype(np.float32)
+    return model, {"x": x}, ["Resize"]
+
+
+CASES = {
+    "LSTM 64 steps, 1 x 64 -> 64": lambda: _lstm(64, 1, 64, 64, "forward"),
+    "LSTM bidirectional 32 steps, 4 x 32 -> 128": lambda: _lstm(32, 4, 32, 128,
+                                                                "bidirectional"),
+    "IsNaN 1x64x56x56": _is_nan,
+    "Resize antialias 1x3x448^2 -> 224^2": lambda: _resize(3, 448),
+    "Resize antialias 1x64x128^2 -> 64^2": lambda: _resize(64, 128),
+}
+
+
+def measure(rounds: int) -> list[str]:
+    rows = ["| case | lowered / native (median) | rounds | max abs difference |",
+            "|---|---|---|---|"]
+    for name, build in CASES.items():
+        model, feeds, lower = build()
+        out = decomposer.decompose(model, lower=lower)
+        native, lowered = OrtRunner(model, feeds, threads=1), OrtRunner(out, feeds, threads=1)
+        diff = max(float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max())
+                   for a, b in zip(native.results(), lowered.results(), strict=True))
+        _, _, ratios = interleaved_rounds({"native": native, "lowered": lowered}, "native",
+                                          rounds, time_calls)
+        rows.append(f"| {name} | {statistics.median(ratios['lowered']):.2f}x | {rounds} | "
+                    f"{diff:.1e} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=15)
+    args = parser.parse_args(argv)
+    print("\n".join(measure(args.rounds)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
