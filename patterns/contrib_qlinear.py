@@ -608,6 +608,7 @@ class QLinearConcat(_QLinear):
             require_type(ctx, names[index + 1], f"{label}'s scale", (TensorProto.FLOAT,))
             require_type(ctx, names[index + 2], f"{label}'s zero point", (elem_type,))
         require_type(ctx, names[1], "Y_zero_point", (elem_type,))
+        require_type(ctx, names[0], "Y_scale", (TensorProto.FLOAT,))
         shape = require_shape(ctx, names[2], "input 0", "the axis is counted in it")
         axis = int(node.args["axis"])
         if not -len(shape) <= axis < len(shape):
