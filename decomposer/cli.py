@@ -466,8 +466,12 @@ def _gap_fix(engine: str, gap: dict[str, Any]) -> str:
     lower = f"--lower {gap['lower']}" if gap["lower"] else ""
     if engine in engine_targets() and (lower or gap.get("take_down") or gap.get("fold")):
         return f"--target {engine}" + (f" (or {lower})" if lower else "")
-    if gap.get("freeze"):  # an If on a run-time input: freezing it folds the branch away
-        return " ".join(f"--freeze-input {name}=VALUE" for name in gap["freeze"])
+    # an If on a run-time input: freezing it (or, where only its shape decides, fixing
+    # its shape) folds the branch away
+    flags = [f"--freeze-input {name}=VALUE" for name in gap.get("freeze", ())] + \
+        [f"--overwrite-input-shape {name}:DIMS" for name in gap.get("shape", ())]
+    if flags:
+        return " ".join(flags)
     return lower or "no fix"
 
 

@@ -176,44 +176,64 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
                     yield row, entry, node
 
 
-def _input_sources(graph: onnx.GraphProto) -> dict[str, set[str]]:
-    """Per tensor of the main graph, the run-time graph inputs it is computed from."""
+# ops whose output depends on their first input's shape only, never its values
+_SHAPE_ONLY = {"Shape", "Size"}
+
+
+def _input_sources(graph: onnx.GraphProto) -> dict[str, tuple[set[str], set[str]]]:
+    """Per tensor of the main graph, the run-time graph inputs it is computed from: those
+    whose values reach it, and those of which only the shape does (through Shape or Size),
+    which ``--overwrite-input-shape`` fixes without freezing any value."""
     initialized = {init.name for init in graph.initializer}
-    sources: dict[str, set[str]] = {value.name: {value.name} for value in graph.input
-                                    if value.name not in initialized}
+    sources: dict[str, tuple[set[str], set[str]]] = {
+        value.name: ({value.name}, set()) for value in graph.input
+        if value.name not in initialized}
     for node in graph.node:
-        found: set[str] = set()
+        by_value: set[str] = set()
+        by_shape: set[str] = set()
         for name in node.input:
-            found |= sources.get(name, set())
+            value_of, shape_of = sources.get(name, (set(), set()))
+            if node.op_type in _SHAPE_ONLY and node.domain in ("", "ai.onnx"):
+                by_shape |= value_of | shape_of
+            else:
+                by_value |= value_of
+                by_shape |= shape_of
         for name in node.output:
-            sources[name] = found
+            sources[name] = (by_value, by_shape - by_value)
     return sources
 
 
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
-    "freeze", "evidence"}`` (``freeze``: the run-time inputs an If's condition is computed
-    from, which ``--freeze-input`` can fix and fold away); a model above the engine's
-    opset cap (its profile's ``max_opset``) is one too, first, as ``"opset N"`` with the
-    cap as ``take_down``."""
+    "freeze", "shape", "evidence"}`` (``freeze``: the run-time inputs whose values an If's
+    condition is computed from, which ``--freeze-input`` can fix and fold away; ``shape``:
+    those of which only the shape decides it, for ``--overwrite-input-shape``); a model
+    above the engine's opset cap (its profile's ``max_opset``) is one too, first, as
+    ``"opset N"`` with the cap as ``take_down``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
     if model is None:
         return found
     entries = gaps()
     hits: dict[tuple[str, int], int] = {}  # (engine, row) -> nodes
-    freeze: dict[tuple[str, int], set[str]] = {}  # the graph inputs an If's branch hangs on
+    # the graph inputs an If's branch hangs on: by value, by shape
+    freeze: dict[tuple[str, int], set[str]] = {}
+    shape: dict[tuple[str, int], set[str]] = {}
     sources = _input_sources(model.graph)
     for row, entry, node in gap_nodes(model, engines):
-        hits[(entry["engine"], row)] = hits.get((entry["engine"], row), 0) + 1
+        key = (entry["engine"], row)
+        hits[key] = hits.get(key, 0) + 1
         if node.op_type == "If" and node.input:
-            freeze.setdefault((entry["engine"], row), set()).update(
-                sources.get(node.input[0], set()))
+            by_value, by_shape = sources.get(node.input[0], (set(), set()))
+            freeze.setdefault(key, set()).update(by_value)
+            shape.setdefault(key, set()).update(by_shape)
     for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),
                               "take_down": entry.get("take_down"), "fold": entry.get("fold"),
                               "freeze": sorted(freeze.get((engine, row), ())),
+                              "shape": sorted(shape.get((engine, row), set())
+                                              - freeze.get((engine, row), set())),
                               "evidence": entry["evidence"]})
     _function_call_gaps(model, found)
     opset = opset_map(list(model.opset_import)).get("", 1)
@@ -222,7 +242,7 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
         if profile.get("max_opset") and opset > int(profile["max_opset"]):
             found[engine].insert(0, {"op": f"opset {opset}", "nodes": 0, "lower": None,
                                      "take_down": int(profile["max_opset"]), "fold": None,
-                                     "freeze": [],
+                                     "freeze": [], "shape": [],
                                      "evidence": profile["evidence"]})
     return found
 

@@ -6,7 +6,8 @@ In: the engines installed (ONNX Runtime, OpenVINO and TVM in this interpreter; O
 ncnn via pnnx, MNN, tract and RKNN's simulator each in its own venv,
 ``EDGE/ENGINE/venv/bin/python``, set up as ../shared/engines.md says; ``--edge DIR``,
 default ``$EDGE_ENGINES_DIR`` or /work/engines). Options: ``--engines`` (a subset),
-``--probes`` / ``--zoo`` (only one phase), ``--write`` (update the data file and the docs
+``--probes`` / ``--zoo`` / ``--shipped`` (only that phase; the real models packages ship,
+scripts/shipped.py), ``--write`` (update the data file and the docs
 section from this run), ``--json FILE`` (default bench-results/engine_matrix.json).
 
 Out: per probe (scripts/engine_probes.py: one op, one condition) and engine, ``ok``,
@@ -16,7 +17,9 @@ lowering pattern (``--lower OP``), taking the model below each version of the op
 first (``take_down: N``, where decomposer.opsets rewrites it in its older form or without
 it), folding static shape arithmetic (``fold``), and both the lowering and the folding
 (``lower+fold``: pnnx turns shape arithmetic into expressions ncnn cannot load). Per zoo model
-(scripts/zoo.py) and engine: the cell as exported and after ``--target ENGINE``. The
+(scripts/zoo.py) or shipped model (scripts/shipped.py) and engine: the cell as exported
+and after ``--target ENGINE`` (with the input flags check names for it, such as
+``--freeze-input sr=16000``, given the values fed). The
 reference is ONNX Runtime on the model as exported; a cell is exact within 1e-3 (2e-2 for
 RKNN, whose simulator computes in float16).
 """
@@ -24,6 +27,7 @@ RKNN, whose simulator computes in float16).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import re
@@ -52,6 +56,8 @@ DATA = ROOT / "decomposer" / "data" / "engine_support.json"
 DOCS = ROOT / "docs" / "portability.md"
 MARK = ("<!-- engine-matrix:begin (scripts/engine_matrix.py --write) -->",
         "<!-- engine-matrix:end -->")
+SHIPPED_MARK = ("<!-- shipped-matrix:begin (scripts/engine_matrix.py --shipped --write) -->",
+                "<!-- shipped-matrix:end -->")
 
 
 def run(engine: str, model: onnx.ModelProto, feeds: dict[str, np.ndarray], edge: Path
@@ -182,23 +188,65 @@ def probe_phase(engines: list[str], edge: Path) -> list[dict[str, Any]]:
 def zoo_phase(engines: list[str], edge: Path) -> list[dict[str, Any]]:
     from zoo import ZOO
 
+    return model_phase(ZOO, engines, edge)
+
+
+def shipped_phase(engines: list[str], edge: Path) -> list[dict[str, Any]]:
+    from shipped import SHIPPED
+
+    return model_phase(SHIPPED, engines, edge)
+
+
+def suggested_flags(model: onnx.ModelProto, engine: str, feeds: dict[str, np.ndarray]
+                    ) -> dict[str, Any]:
+    """The input flags ``decomposer check --engines ENGINE`` names for the model, with the
+    values a user knows (the ones they feed): ``--freeze-input`` for an input whose value
+    decides an If, ``--overwrite-input-shape`` for one whose shape does."""
+    from decomposer.engine_support import engine_gaps
+
+    freeze: dict[str, np.ndarray] = {}
+    shapes: dict[str, list[int | str]] = {}
+    for gap in engine_gaps(model, [engine])[engine]:
+        freeze.update({name: feeds[name] for name in gap.get("freeze", ()) if name in feeds})
+        shapes.update({name: list(feeds[name].shape) for name in gap.get("shape", ())
+                       if name in feeds})
+    return {key: value for key, value in (("freeze_inputs", freeze), ("input_shapes", shapes))
+            if value}
+
+
+def _flag_text(flags: dict[str, Any]) -> list[str]:
+    return [f"--freeze-input {name}={np.asarray(value).tolist()}"
+            for name, value in flags.get("freeze_inputs", {}).items()] + \
+        [f"--overwrite-input-shape {name}:{','.join(map(str, dims))}"
+         for name, dims in flags.get("input_shapes", {}).items()]
+
+
+def model_phase(models: dict[str, Any], engines: list[str], edge: Path
+                ) -> list[dict[str, Any]]:
+    """Each model on each engine as it comes and after ``--target ENGINE``, with the input
+    flags ``decomposer check`` names for it (:func:`suggested_flags`)."""
     rows = []
-    for name, build in ZOO.items():
+    for name, build in models.items():
         model, feeds = build()
         want = _reference(model, feeds)
         for engine in engines:
             before = cell(engine, model, feeds, want, edge)
+            flags = suggested_flags(model, engine, feeds)
+            # a frozen input is no longer fed
+            fixed_feeds = {k: v for k, v in feeds.items()
+                           if k not in flags.get("freeze_inputs", {})}
             try:
-                report_feeds = feeds
-                fixed, report = decomposer.decompose_with_report(model, target=engine)
-                after = cell(engine, fixed, report_feeds, want, edge)
+                fixed, report = decomposer.decompose_with_report(model, target=engine, **flags)
+                after = cell(engine, fixed, fixed_feeds, want, edge)
                 changed = report.changed
             except decomposer.DecomposerError as exc:
                 after = {"status": "refused", "detail": str(exc).splitlines()[0]}
                 changed = False
             rows.append({"model": name, "engine": engine, "before": before, "after": after,
-                         "changed": changed, "predicted": predicted_failure(model, engine)})
-            print(f"{name:16} {engine:9} {_text(before):40} -> {_text(after)}", flush=True)
+                         "changed": changed, "predicted": predicted_failure(model, engine),
+                         "flags": _flag_text(flags)})
+            print(f"{name:16} {engine:9} {_text(before):40} -> {_text(after)} "
+                  f"{' '.join(_flag_text(flags))}", flush=True)
     return rows
 
 
@@ -355,6 +403,13 @@ def matrix_markdown(zoo: list[dict[str, Any]], versions: dict[str, str]) -> str:
     passing = [r for r in zoo if r["before"]["status"] == "ok"]
     caught = sum(bool(r.get("predicted")) for r in failing)
     flagged = sum(bool(r.get("predicted")) for r in passing)
+    flagged = [r for r in zoo if r.get("flags")]
+    if flagged:
+        lines += ["", "With `--target ENGINE`, the input flags `decomposer check --engines "
+                  "ENGINE` names (values: what the package feeds): " +
+                  "; ".join(f"{r['model']} on {r['engine']}: " +
+                            " ".join(f"`{flag}`" for flag in r["flags"]) for r in flagged) +
+                  "."]
     lines += ["", f"Exact cells: {before} of {len(zoo)} as exported, {after} of {len(zoo)} "
               "after `--target ENGINE`.",
               f"`decomposer check --engines` on the exports: it names a gap in {caught} of the "
@@ -367,16 +422,17 @@ def matrix_markdown(zoo: list[dict[str, Any]], versions: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_docs(zoo: list[dict[str, Any]], versions: dict[str, str]) -> None:
+def write_docs(zoo: list[dict[str, Any]], versions: dict[str, str],
+               mark: tuple[str, str] = MARK,
+               heading: str = "Engine matrix: the zoo before and after --target") -> None:
     text = DOCS.read_text(encoding="utf-8")
     table = matrix_markdown(zoo, versions)
-    if MARK[0] in text:
-        head, rest = text.split(MARK[0], 1)
-        tail = rest.split(MARK[1], 1)[1]
-        text = f"{head}{MARK[0]}\n{table}{MARK[1]}{tail}"
+    if mark[0] in text:
+        head, rest = text.split(mark[0], 1)
+        tail = rest.split(mark[1], 1)[1]
+        text = f"{head}{mark[0]}\n{table}{mark[1]}{tail}"
     else:
-        text += f"\n## Engine matrix: the zoo before and after --target\n\n{MARK[0]}\n" \
-                f"{table}{MARK[1]}\n"
+        text += f"\n## {heading}\n\n{mark[0]}\n{table}{mark[1]}\n"
     DOCS.write_text(text, encoding="utf-8")
 
 
@@ -393,6 +449,11 @@ def versions(engines: list[str], edge: Path) -> dict[str, str]:
         if engine in IN_PROCESS:
             found[engine] = in_process.engine_version(engine)
             continue
+        try:  # installed in this interpreter (the test extra has all but RKNN)
+            found[engine] = importlib.metadata.version(_PACKAGES[engine])
+            continue
+        except importlib.metadata.PackageNotFoundError:
+            pass
         python = edge / engine / "venv" / "bin" / "python"
         probe = f"import importlib.metadata as m; print(m.version('{_PACKAGES[engine]}'))"
         try:
@@ -409,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--edge", default=os.environ.get("EDGE_ENGINES_DIR", "/work/engines"))
     parser.add_argument("--probes", action="store_true", help="only the probes")
     parser.add_argument("--zoo", action="store_true", help="only the zoo")
+    parser.add_argument("--shipped", action="store_true",
+                        help="only the real models packages ship (scripts/shipped.py)")
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--json", default=str(ROOT / "bench-results" / "engine_matrix.json"))
     parser.add_argument("--load", metavar="FILE.json",
@@ -421,10 +484,13 @@ def main(argv: list[str] | None = None) -> int:
         engines = list(results["versions"])
     else:
         results = {"versions": versions(engines, edge)}
-        if not args.zoo:
+        every = not (args.probes or args.zoo or args.shipped)
+        if every or args.probes:
             results["probes"] = probe_phase(engines, edge)
-        if not args.probes:
+        if every or args.zoo:
             results["zoo"] = zoo_phase(engines, edge)
+        if every or args.shipped:
+            results["shipped"] = shipped_phase(engines, edge)
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     if args.write:
@@ -432,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
             write_data(results["probes"], engines)
         if "zoo" in results:
             write_docs(results["zoo"], results["versions"])
+        if "shipped" in results:
+            write_docs(results["shipped"], results["versions"], SHIPPED_MARK,
+                       "Engine matrix: models packages ship, before and after --target")
     return 0
 
 

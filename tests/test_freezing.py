@@ -141,3 +141,40 @@ def test_check_names_the_input_to_freeze_for_an_engine_without_if(tmp_path, caps
     out = capsys.readouterr().out
     assert "rknn: If x1: --freeze-input sr=VALUE" in out
     assert "ncnn: If x1: --freeze-input sr=VALUE" in out
+
+
+def _batch_switch() -> onnx.ModelProto:
+    """An If on the input's batch size (silero-vad's shipped half model picks a Squeeze
+    this way): only the input's shape decides it, not its values."""
+    f32 = TensorProto.FLOAT
+    out = [helper.make_tensor_value_info("branch_out", f32, ["N", 4])]
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["branch_out"], name="relu")],
+                             "one", [], out)
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["branch_out"], name="neg")],
+                              "many", [], out)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+             helper.make_node("Gather", ["shape", "zero"], ["batch"], name="batch"),
+             helper.make_node("Equal", ["batch", "one"], ["single"], name="single"),
+             helper.make_node("If", ["single"], ["y"], name="pick", then_branch=then,
+                              else_branch=other)]
+    graph = helper.make_graph(
+        nodes, "batch_switch", [helper.make_tensor_value_info("x", f32, ["N", 4])],
+        [helper.make_tensor_value_info("y", f32, ["N", 4])],
+        [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+         numpy_helper.from_array(np.array(1, np.int64), "one")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 16)])
+
+
+def test_check_names_the_shape_to_fix_when_only_a_shape_decides_the_if(tmp_path, capsys):
+    source = tmp_path / "batch_switch.onnx"
+    onnx.save(_batch_switch(), source)
+    assert main(["check", str(source), "--engines", "rknn"]) == 0
+    out = capsys.readouterr().out
+    assert "rknn: If x1: --overwrite-input-shape x:DIMS" in out
+    assert "--freeze-input" not in out
+    # and the flag it names folds the branch away, the model staying what it was
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    fixed = decomposer.decompose(_batch_switch(), input_shapes={"x": [1, 4]})
+    assert [n.op_type for n in fixed.graph.node] == ["Relu"]
+    np.testing.assert_array_equal(run_onnxruntime(fixed, {"x": x})[0],
+                                  run_onnxruntime(_batch_switch(), {"x": x})[0])
