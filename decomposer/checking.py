@@ -34,6 +34,33 @@ MAX_OPSET_VERSION = 2**31 - 1  # onnx.defs takes a C int
 OPAQUE_DOMAIN = "decomposer.opaque"
 
 
+def minus_one_dims(model: onnx.ModelProto) -> list[str]:
+    """The tensors (any graph) that declare a dim of -1: not ONNX, but how some exporters
+    (paddle2onnx, the OCR models packages ship) write a dynamic dim."""
+    names = []
+    for graph in all_graphs(model.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            if value.type.HasField("tensor_type") and any(
+                    dim.HasField("dim_value") and dim.dim_value == -1
+                    for dim in value.type.tensor_type.shape.dim):
+                names.append(value.name)
+    return names
+
+
+def clear_minus_one_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` with each dim of -1 written as ONNX's dynamic dim (no value, no
+    name): what the exporter meant, and what shape inference can take."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for graph in all_graphs(out.graph):
+        for value in [*graph.input, *graph.output, *graph.value_info]:
+            if value.type.HasField("tensor_type"):
+                for dim in value.type.tensor_type.shape.dim:
+                    if dim.HasField("dim_value") and dim.dim_value == -1:
+                        dim.ClearField("dim_value")
+    return out
+
+
 def validate_structure(model: onnx.ModelProto) -> None:
     """Refuse what no later step can handle safely: not a model, negative dims, names that
     are not UTF-8, absurd opset versions."""
@@ -45,7 +72,8 @@ def validate_structure(model: onnx.ModelProto) -> None:
     if not model.HasField("graph"):
         raise InvalidModelError("the model has no graph")
     # A negative static dim is not ONNX, and onnx's own shape inference aborts the process
-    # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes. So
+    # on some (std::clamp assertion in 1.23): refuse them before anything infers shapes
+    # (-1, an exporter's dynamic dim, is cleared before: clear_minus_one_dims). So
     # are element types ONNX does not define, and static shapes whose element count does
     # not fit in int64 (no shape arithmetic survives them).
     for graph in all_graphs(model.graph):

@@ -47,6 +47,8 @@ from decomposer.checking import (
     check_input,
     check_output,
     checker_failure,
+    clear_minus_one_dims,
+    minus_one_dims,
     replacement_failure,
     stale_value_info,
     validate_structure,
@@ -276,7 +278,9 @@ class _Rewriter:
             pattern.build(builder, matched, facts)
             declared = pattern.output_types(matched, recorder, facts) or []
         except Reject as why:
-            reject(f"pattern {pattern.name}: {why}")
+            # a contrib op's refused form still runs somewhere: say where it was measured
+            where = f" ({_measured_engines(node)})" if contrib_support_known(node) else ""
+            reject(f"pattern {pattern.name}: {why}{where}")
             return False
         except MemoryError:
             # a pattern that sized a constant from implausible attributes or shapes (each
@@ -434,6 +438,13 @@ def _no_pattern_reason(node: onnx.NodeProto, target: str, opset: int = 0) -> str
     return "no pattern rewrites this op; add one (see 'Writing a pattern' in the README)"
 
 
+def contrib_support_known(node: onnx.NodeProto) -> bool:
+    """Whether engine_support.json records the engines that run ``node``'s contrib op."""
+    from decomposer.engine_support import contrib_support
+
+    return contrib_support(node.domain, node.op_type) is not None
+
+
 def _measured_engines(node: onnx.NodeProto) -> str:
     """What is measured about the engines running ``node``'s op (engine_support.json)."""
     from decomposer.engine_support import contrib_support, engine_label
@@ -550,6 +561,9 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
          lower: Iterable[str], base_dir: str | os.PathLike[str] | None,
          target_opset: int | None = None, input_shapes: Mapping[str, Any] | None = None,
          freeze_inputs: Mapping[str, Any] | None = None) -> tuple[onnx.ModelProto, Report]:
+    minus_one = minus_one_dims(model) if isinstance(model, onnx.ModelProto) else []
+    if minus_one:  # an exporter's spelling of a dynamic dim (paddle2onnx): say it, keep going
+        model = clear_minus_one_dims(model)
     validate_structure(model)
     chosen = resolve_target(target)
     target = chosen.mode
@@ -561,6 +575,11 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     opsets = opset_map(list(model.opset_import))
     report = Report(opset=opsets.get("", 0), target=chosen.spelling, lowered=sorted(lowered))
     report.fixed_inputs = sorted({*(input_shapes or {}), *(freeze_inputs or {})})
+    if minus_one:
+        report.warnings.append(
+            f"{', '.join(repr(name) for name in minus_one[:3])}"
+            f"{' and others' if len(minus_one) > 3 else ''} declared a dim of -1, which ONNX "
+            "does not define: written as a dynamic dim")
     report.folded = bool(input_shapes or freeze_inputs or chosen.fold)
     cap = chosen.opset_cap(model)
     if cap is not None and opsets.get("", 0) > cap:

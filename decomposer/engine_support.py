@@ -61,9 +61,10 @@ def known_engines() -> list[str]:
 
 
 def contrib_support(domain: str, op_type: str) -> dict[str, Any] | None:
-    """The measured engines of a contrib op no pattern rewrites (the data file's
-    ``contrib``: ``runs``, the engines that ran a model holding it; ``refused``, engine ->
-    the error it gave), or None when it was not measured."""
+    """The measured engines of a contrib op no pattern rewrites, or whose measured form a
+    pattern refuses (the data file's ``contrib``: ``runs``, the engines that ran a model
+    holding it; ``refused``, engine -> the error it gave), or None when it was not
+    measured."""
     for entry in _data().get("contrib", []):
         if entry["op"] == op_type and entry["domain"] == domain:
             return dict(entry)

@@ -83,6 +83,141 @@ def _activations(names: list[str] | None, directions: int) -> tuple[tuple[str, s
                  for d in range(directions))
 
 
+def cell_facts(node: MatchedNode, ctx: MatchContext, float_roles: tuple[str, ...],
+               types: tuple[int, ...]) -> Facts:
+    """The facts of an LSTM-like node (ONNX's LSTM, ONNX Runtime's DynamicQuantizeLSTM):
+    Reject where the cells cannot be unrolled as ONNX defines them; ``float_roles`` are
+    the inputs of X's type."""
+    args = node.args
+    if args["input_forget"]:
+        raise Reject("input_forget=1 (coupled input and forget gates) is not lowered")
+    x = node.tensor("X")
+    elem_type = require_type(ctx, x, "X", types)
+    for role in float_roles:
+        if node.tensor(role):  # ONNX's T: every float input is X's type
+            require_type(ctx, node.tensor(role), role, (elem_type,))
+    shape = require_shape(ctx, x, "X", "to unroll its steps", min_rank=3)
+    layout = int(args.get("layout", 0))
+    steps = shape[1] if layout else shape[0]
+    if not isinstance(steps, int):
+        raise Reject("the sequence length is not static: the cells are unrolled (a fixed "
+                     "length: --overwrite-input-shape on the input it comes from)")
+    if steps > MAX_STEPS:
+        raise Reject(f"{steps} steps is more than the {MAX_STEPS} unrolled cells allowed")
+    if args["activation_alpha"] or args["activation_beta"]:
+        raise Reject("activation_alpha/beta are set (only Sigmoid, Tanh, Relu lowered)")
+    count = _DIRECTIONS[args["direction"]]
+    directions = (False, True) if count == 2 else (args["direction"] == "reverse",)
+    hidden = args["hidden_size"]
+    r_shape = ctx.shape(node.tensor("R"))
+    if hidden is None:
+        if not r_shape or not isinstance(r_shape[-1], int):
+            raise Reject("hidden_size is not given and R's shape is unknown")
+        hidden = r_shape[-1]
+    lengths = node.tensor("sequence_lens")
+    if lengths:
+        value = ctx.constant(lengths)
+        if value is None or np.any(np.asarray(value) != steps):
+            raise Reject("sequence_lens is not a constant equal to the sequence length "
+                         "for every batch entry (the unrolled cells run every step)")
+    batch = shape[0] if layout else shape[1]
+    return Facts(elem_type, steps, directions, int(hidden),
+                 _activations(args["activations"], count), args["clip"], layout, batch)
+
+
+class Products:
+    """How a direction's cells get their matrix products: ``inputs(d)``, every step's
+    input part (S, B, 4H) at once, and ``hidden(h, d, t)``, a step's (1, B, 4H) from the
+    previous H. ``bias_in_gates``: add each gate's bias after its peephole term, as ONNX
+    Runtime's kernels order the sums (else the bias joins the input part once)."""
+
+    bias_in_gates = False
+
+    def inputs(self, b: Builder, d: int) -> Value:
+        raise NotImplementedError
+
+    def hidden(self, b: Builder, h: Value, d: int, t: int) -> Value:
+        raise NotImplementedError
+
+
+class FloatProducts(Products):
+    """ONNX's LSTM: MatMul with W^T and R^T."""
+
+    def __init__(self, x: Value, w: Value, r: Value) -> None:
+        self.x, self.w, self.r = x, w, r
+        self.r_t: Value | None = None
+
+    def inputs(self, b: Builder, d: int) -> Value:
+        return b.MatMul(self.x, b.Transpose(self.w, [1, 0], hint=f"w_t{d}"), hint=f"xw{d}")
+
+    def hidden(self, b: Builder, h: Value, d: int, t: int) -> Value:
+        if self.r_t is None:
+            self.r_t = b.Transpose(self.r, [1, 0], hint=f"r_t{d}")
+        return b.MatMul(h, self.r_t, hint=f"hr{d}_t{t}")
+
+
+def direction_cells(b: Builder, dtype: np.dtype[Any], facts: Facts,
+                    weights: dict[str, Value | None], products: Products, d: int,
+                    backwards: bool) -> tuple[Value, Value, Value]:
+    """One direction's cells: its Y (S, 1, B, H), last H and last C (1, B, H);
+    ``weights`` holds direction d's B (8H), P (3H), initial_h and initial_c (1, B, H)."""
+    xw = products.inputs(b, d)  # (S, B, 4H)
+    bias = weights["B"]
+    gate_biases: list[Value] | None = None
+    if bias is not None:
+        wb, rb = b.Split(bias, 2, axis=0, hint=f"biases{d}")
+        joined = b.Add(wb, rb, hint=f"bias{d}")
+        if products.bias_in_gates:
+            gate_biases = list(b.Split(joined, 4, axis=0, hint=f"gate_biases{d}"))
+        else:
+            xw = b.Add(xw, joined, hint=f"xw_b{d}")
+    peep = weights["P"]
+    p_i, p_o, p_f = b.Split(peep, 3, axis=0, hint=f"peepholes{d}") \
+        if peep is not None else (None, None, None)
+    h, c = weights["initial_h"], weights["initial_c"]
+    act_f, act_g, act_h = facts.activations[d]
+
+    def act(op: str, v: Value, hint: str) -> Value:
+        if facts.clip is not None:
+            bound = np.asarray(facts.clip, dtype)
+            v = b.Clip(v, b.const(-bound), b.const(bound), hint=f"{hint}_clip")
+        return b.op(op, v, hint=hint, dtype=dtype)
+
+    def biased(v: Value, gate: int, hint: str) -> Value:
+        return v if gate_biases is None else b.Add(v, gate_biases[gate], hint=hint)
+
+    states: dict[int, Value] = {}
+    # every step's input part at once: one Split, not a Gather per step
+    inputs = b.Split(xw, facts.steps, axis=0, hint=f"xw{d}_steps") \
+        if facts.steps > 1 else [xw]
+    for t in range(facts.steps - 1, -1, -1) if backwards else range(facts.steps):
+        gates = inputs[t]  # (1, B, 4H)
+        if h is not None:  # (no initial state: H and C are zero at the first step)
+            gates = b.Add(gates, products.hidden(b, h, d, t), hint=f"gates{d}_t{t}")
+        g_i, g_o, g_f, g_c = b.Split(gates, 4, axis=2, hint=f"gate{d}_t{t}")
+        if c is not None and p_i is not None and p_f is not None:
+            g_i = b.Add(g_i, b.Mul(c, p_i, hint=f"pi{d}_t{t}"), hint=f"gi{d}_t{t}")
+            g_f = b.Add(g_f, b.Mul(c, p_f, hint=f"pf{d}_t{t}"), hint=f"gf{d}_t{t}")
+        g_i = biased(g_i, 0, f"gi_b{d}_t{t}")
+        g_f = biased(g_f, 2, f"gf_b{d}_t{t}")
+        g_c = biased(g_c, 3, f"gc_b{d}_t{t}")
+        new_c = b.Mul(act(act_f, g_i, f"i{d}_t{t}"), act(act_g, g_c, f"c~{d}_t{t}"),
+                      hint=f"ic{d}_t{t}")
+        if c is not None:
+            forget = act(act_f, g_f, f"f{d}_t{t}")
+            new_c = b.Add(b.Mul(c, forget, hint=f"fc{d}_t{t}"), new_c, hint=f"c{d}_t{t}")
+        if p_o is not None:
+            g_o = b.Add(g_o, b.Mul(new_c, p_o, hint=f"po{d}_t{t}"), hint=f"go{d}_t{t}")
+        g_o = biased(g_o, 1, f"go_b{d}_t{t}")
+        h = b.Mul(b.op(act_h, new_c, hint=f"hc{d}_t{t}", dtype=dtype),
+                  act(act_f, g_o, f"o{d}_t{t}"), hint=f"h{d}_t{t}")
+        c = new_c
+        states[t] = h
+    assert h is not None and c is not None
+    y = b.Concat(*[states[t] for t in range(facts.steps)], axis=0, hint=f"y{d}_steps")
+    return b.Unsqueeze(y, [1], hint=f"y{d}"), h, c
+
+
 class LSTM(Pattern[Facts]):
     op_type = "LSTM"
     forms = (Form("LSTM", domains=frozenset({"", LOWERING_DOMAIN}),
@@ -108,40 +243,8 @@ class LSTM(Pattern[Facts]):
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
-        args = node.args
-        if args["input_forget"]:
-            raise Reject("input_forget=1 (coupled input and forget gates) is not lowered")
-        x = node.tensor("X")
-        elem_type = require_type(ctx, x, "X", _TYPES)
-        for role in ("W", "R", "B", "initial_h", "initial_c", "P"):
-            if node.tensor(role):  # ONNX's T: every float input is X's type
-                require_type(ctx, node.tensor(role), role, (elem_type,))
-        shape = require_shape(ctx, x, "X", "to unroll its steps", min_rank=3)
-        layout = int(args["layout"])
-        steps = shape[1] if layout else shape[0]
-        if not isinstance(steps, int):
-            raise Reject("the sequence length is not static: the cells are unrolled")
-        if steps > MAX_STEPS:
-            raise Reject(f"{steps} steps is more than the {MAX_STEPS} unrolled cells allowed")
-        if args["activation_alpha"] or args["activation_beta"]:
-            raise Reject("activation_alpha/beta are set (only Sigmoid, Tanh, Relu lowered)")
-        count = _DIRECTIONS[args["direction"]]
-        directions = (False, True) if count == 2 else (args["direction"] == "reverse",)
-        hidden = args["hidden_size"]
-        r_shape = ctx.shape(node.tensor("R"))
-        if hidden is None:
-            if not r_shape or not isinstance(r_shape[-1], int):
-                raise Reject("hidden_size is not given and R's shape is unknown")
-            hidden = r_shape[-1]
-        lengths = node.tensor("sequence_lens")
-        if lengths:
-            value = ctx.constant(lengths)
-            if value is None or np.any(np.asarray(value) != steps):
-                raise Reject("sequence_lens is not a constant equal to the sequence length "
-                             "for every batch entry (the unrolled cells run every step)")
-        batch = shape[0] if layout else shape[1]
-        return Facts(elem_type, steps, directions, int(hidden),
-                     _activations(args["activations"], count), args["clip"], layout, batch)
+        return cell_facts(node, ctx, float_roles=("W", "R", "B", "initial_h", "initial_c",
+                                                  "P"), types=_TYPES)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         compute = ComputeType(b, node, facts.elem_type)
@@ -164,7 +267,10 @@ class LSTM(Pattern[Facts]):
                                axis=0, hint=f"{role}{d}") if role in ("W", "R", "B", "P")
                       else b.Slice(value, [d], [d + 1], [0], hint=f"{role}{d}")
                       for role, value in weights.items()}
-            y, h, c = self._direction(b, compute.dtype, facts, x, picked, d, backwards)
+            w, r = picked["W"], picked["R"]
+            assert w is not None and r is not None
+            y, h, c = direction_cells(b, compute.dtype, facts, picked, FloatProducts(x, w, r),
+                                      d, backwards)
             outputs_y.append(y)
             last_h.append(h)
             last_c.append(c)
@@ -177,59 +283,6 @@ class LSTM(Pattern[Facts]):
         for index, name in enumerate(node.outputs):
             if name:
                 compute.write(results[index], name)
-
-    @staticmethod
-    def _direction(b: Builder, dtype: np.dtype[Any], facts: Facts, x: Value,
-                   weights: dict[str, Value | None], d: int, backwards: bool
-                   ) -> tuple[Value, Value, Value]:
-        """One direction's cells: its Y (S, 1, B, H), last H and last C (1, B, H)."""
-        w, r = weights["W"], weights["R"]
-        assert w is not None and r is not None
-        r_t = b.Transpose(r, [1, 0], hint=f"r_t{d}")
-        xw = b.MatMul(x, b.Transpose(w, [1, 0], hint=f"w_t{d}"), hint=f"xw{d}")  # (S, B, 4H)
-        bias = weights["B"]
-        if bias is not None:
-            wb, rb = b.Split(bias, 2, axis=0, hint=f"biases{d}")
-            xw = b.Add(xw, b.Add(wb, rb, hint=f"bias{d}"), hint=f"xw_b{d}")
-        peep = weights["P"]
-        p_i, p_o, p_f = b.Split(peep, 3, axis=0, hint=f"peepholes{d}") \
-            if peep is not None else (None, None, None)
-        h, c = weights["initial_h"], weights["initial_c"]
-        act_f, act_g, act_h = facts.activations[d]
-
-        def act(op: str, v: Value, hint: str) -> Value:
-            if facts.clip is not None:
-                bound = np.asarray(facts.clip, dtype)
-                v = b.Clip(v, b.const(-bound), b.const(bound), hint=f"{hint}_clip")
-            return b.op(op, v, hint=hint, dtype=dtype)
-
-        states: dict[int, Value] = {}
-        # every step's input part at once: one Split, not a Gather per step
-        inputs = b.Split(xw, facts.steps, axis=0, hint=f"xw{d}_steps") \
-            if facts.steps > 1 else [xw]
-        for t in range(facts.steps - 1, -1, -1) if backwards else range(facts.steps):
-            gates = inputs[t]  # (1, B, 4H)
-            if h is not None:  # (no initial state: H and C are zero at the first step)
-                gates = b.Add(gates, b.MatMul(h, r_t, hint=f"hr{d}_t{t}"),
-                              hint=f"gates{d}_t{t}")
-            g_i, g_o, g_f, g_c = b.Split(gates, 4, axis=2, hint=f"gate{d}_t{t}")
-            if c is not None and p_i is not None and p_f is not None:
-                g_i = b.Add(g_i, b.Mul(p_i, c, hint=f"pi{d}_t{t}"), hint=f"gi{d}_t{t}")
-                g_f = b.Add(g_f, b.Mul(p_f, c, hint=f"pf{d}_t{t}"), hint=f"gf{d}_t{t}")
-            new_c = b.Mul(act(act_f, g_i, f"i{d}_t{t}"), act(act_g, g_c, f"c~{d}_t{t}"),
-                          hint=f"ic{d}_t{t}")
-            if c is not None:
-                forget = act(act_f, g_f, f"f{d}_t{t}")
-                new_c = b.Add(b.Mul(forget, c, hint=f"fc{d}_t{t}"), new_c, hint=f"c{d}_t{t}")
-            if p_o is not None:
-                g_o = b.Add(g_o, b.Mul(p_o, new_c, hint=f"po{d}_t{t}"), hint=f"go{d}_t{t}")
-            h = b.Mul(act(act_f, g_o, f"o{d}_t{t}"),
-                      b.op(act_h, new_c, hint=f"hc{d}_t{t}", dtype=dtype), hint=f"h{d}_t{t}")
-            c = new_c
-            states[t] = h
-        assert h is not None and c is not None
-        y = b.Concat(*[states[t] for t in range(facts.steps)], axis=0, hint=f"y{d}_steps")
-        return b.Unsqueeze(y, [1], hint=f"y{d}"), h, c
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:

@@ -159,3 +159,29 @@ def test_subprocess_smoke(example, tmp_path):
                                 text=True)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("decomposed 1 node (AffineGrid x1)")
+
+
+def _minus_one_model(dim: int) -> onnx.ModelProto:
+    """A Relu whose input declares ``dim`` as its batch dim (paddle2onnx writes -1 for a
+    dynamic dim; the OCR models rapidocr ships hold it)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim, 3])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_a_minus_one_dim_is_a_dynamic_dim_with_a_warning(tmp_path, capsys):
+    source, target = tmp_path / "in.onnx", tmp_path / "out.onnx"
+    onnx.save(_minus_one_model(-1), source)
+    assert main([str(source), str(target), "--target", "opencv"]) == 0
+    assert "declared a dim of -1" in capsys.readouterr().err
+    dim = onnx.load(target).graph.input[0].type.tensor_type.shape.dim[0]
+    assert not dim.HasField("dim_value") and not dim.dim_param
+    # any other negative dim is still refused, in one line
+    onnx.save(_minus_one_model(-2), source)
+    assert main([str(source), str(tmp_path / "other.onnx")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "declares dimension -2" in err[0]

@@ -225,7 +225,7 @@ def test_constant_size_affine_grid_is_no_tvm_gap():
     assert engine_support.engine_gaps(model, ["tvm"]) == {"tvm": []}
 
 
-# -- contrib ops no pattern rewrites: the engines measured to run them ---------------------
+# -- contrib ops (or forms) no pattern rewrites: the engines measured to run them ----------
 
 
 def _quantized_lstm(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
@@ -234,8 +234,10 @@ def _quantized_lstm(tmp_path) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
 
     torch.manual_seed(0)
     source, target = tmp_path / "lstm.onnx", tmp_path / "lstm_dynamic.onnx"
+    # a dynamic sequence length: the form patterns/contrib_dynamic_quantize_lstm.py refuses
     torch.onnx.export(torch.nn.LSTM(8, 16), (torch.randn(5, 2, 8),), str(source),
-                      opset_version=17, dynamo=False, input_names=["x"])
+                      opset_version=17, dynamo=False, input_names=["x"],
+                      dynamic_axes={"x": {0: "steps"}})
     quantize_dynamic(str(source), str(target))
     return onnx.load(str(target)), {"x": np.random.default_rng(0).standard_normal(
         (5, 2, 8)).astype(np.float32)}
