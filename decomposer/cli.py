@@ -464,12 +464,12 @@ def _gap_fix(engine: str, gap: dict[str, Any]) -> str:
     """What fixes an engine gap `check --engines` found: the engine's --target where it
     has a profile that applies the fix, else the --lower."""
     lower = f"--lower {gap['lower']}" if gap["lower"] else ""
-    if engine in engine_targets() and (lower or gap.get("take_down") or gap.get("fold")):
-        return f"--target {engine}" + (f" (or {lower})" if lower else "")
     # an If on a run-time input: freezing it (or, where only its shape decides, fixing
-    # its shape) folds the branch away
+    # its shape) folds the branch away; a fix that needs static sizes asks for them
     flags = [f"--freeze-input {name}=VALUE" for name in gap.get("freeze", ())] + \
         [f"--overwrite-input-shape {name}:DIMS" for name in gap.get("shape", ())]
+    if engine in engine_targets() and (lower or gap.get("take_down") or gap.get("fold")):
+        return " ".join([f"--target {engine}", *flags]) + (f" (or {lower})" if lower else "")
     if flags:
         return " ".join(flags)
     return lower or "no fix"

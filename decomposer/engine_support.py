@@ -15,9 +15,13 @@ attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a ze
 channel count differs from its input's), ``antialias`` (``antialias=1``), ``reduction`` (a
 ``reduction`` other than none), ``k_from_shape`` / ``size_from_shape`` (TopK's K, Range's
 limit computed from Shape outputs and constants: shape arithmetic that folds away once the
-input sizes are static). Besides ``lower``, a row may name the fix its engine's ``--target``
-applies: ``take_down`` (the opset where decomposer.opsets writes the op in a form the
-engine runs) and ``fold`` (static shape arithmetic folded: ``--overwrite-input-shape``);
+input sizes are static), ``cond_is_input`` (an If on a graph input), ``cond_from_shape`` /
+``pads_from_shape`` / ``shape_from_shape`` (an If's condition, Pad's pads, Reshape's shape
+computed from shapes while an input of the model has a dynamic dim). Besides ``lower``, a
+row may name the fix its engine's ``--target`` applies: ``take_down`` (the opset where
+decomposer.opsets writes the op in a form the engine runs) and ``fold`` (static shape
+arithmetic folded: ``--overwrite-input-shape``); ``static`` says the fix needs static
+input sizes, which ``check --engines`` then asks for (``--overwrite-input-shape``);
 ``kind`` = ``wrong`` marks an engine that runs the op with other numbers. A call of a
 model-local function of a custom domain (kept under ``--target ort``) is a gap for each
 engine the data file's ``local_functions`` entry says refuses it.
@@ -47,7 +51,14 @@ CONDITIONS: dict[str | None, str] = {
     "per_channel_mixed_channels": "per-channel weights, input and output channel counts "
                                   "differ",
     "antialias": "`antialias=1`", "reduction": "a `reduction` is set",
-    "k_from_shape": "K computed from a shape", "size_from_shape": "its limit computed from a shape"}
+    "k_from_shape": "K computed from a shape", "size_from_shape": "its limit computed from a shape",
+    "cond_is_input": "its condition a graph input",
+    "cond_from_shape": "its condition computed from a dynamic input's shape",
+    "pads_from_shape": "its pads computed from a dynamic input's shape",
+    "shape_from_shape": "its shape computed from a dynamic input's shape"}
+# conditions on a node input computed from the shape of an input with a dynamic dim (an
+# engine that folds static shape arithmetic itself runs them once the dims are fixed)
+_FROM_DYNAMIC_SHAPE = {"cond_from_shape": 0, "pads_from_shape": 1, "shape_from_shape": 1}
 
 
 @cache
@@ -125,12 +136,21 @@ def _shape_derived(graph: onnx.GraphProto, constants: dict[str, list[int] | None
 
 
 def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
-             constants: dict[str, list[int] | None], derived: set[str] | None = None) -> bool:
+             constants: dict[str, list[int] | None], derived: set[str] | None = None,
+             graph_inputs: set[str] | None = None, dynamic: bool = False) -> bool:
+    """Whether ``entry``'s gap holds for ``node``: ``derived``, the graph's tensors of
+    shape arithmetic; ``graph_inputs``, its run-time inputs; ``dynamic``, whether one of
+    the model's inputs has a dynamic dim."""
     if node.op_type != entry["op"] or norm_domain(node.domain) != "":
         return False
     if opset < int(entry.get("min_opset", 0)) or opset > int(entry.get("max_opset", 10**6)):
         return False
     when = entry.get("when")
+    if when == "cond_is_input":
+        return bool(node.input) and node.input[0] in (graph_inputs or set())
+    if when in _FROM_DYNAMIC_SHAPE:
+        index = _FROM_DYNAMIC_SHAPE[when]
+        return dynamic and len(node.input) > index and node.input[index] in (derived or set())
     if when == "size_not_constant":
         return len(node.input) > 1 and node.input[1] not in constants
     if when == "mode_max":
@@ -168,13 +188,24 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
         opset = opset_map(list(model.opset_import)).get("", 1)
     entries = [(row, entry) for row, entry in enumerate(gaps() if rows is None else rows)
                if engines is None or entry["engine"] in engines]
+    dynamic = bool(dynamic_inputs(model))
+    initialized = {init.name for init in model.graph.initializer}
+    graph_inputs = {value.name for value in model.graph.input if value.name not in initialized}
     for graph in all_graphs(model.graph):
         constants = _constants(graph)
         derived = _shape_derived(graph, constants)
         for node in graph.node:
             for row, entry in entries:
-                if _applies(entry, node, opset, constants, derived):
+                if _applies(entry, node, opset, constants, derived, graph_inputs, dynamic):
                     yield row, entry, node
+
+
+def dynamic_inputs(model: onnx.ModelProto) -> list[str]:
+    """The main graph's run-time inputs with a dim that is not a static size."""
+    initialized = {init.name for init in model.graph.initializer}
+    return [value.name for value in model.graph.input if value.name not in initialized and
+            value.type.HasField("tensor_type") and
+            any(not dim.HasField("dim_value") for dim in value.type.tensor_type.shape.dim)]
 
 
 # ops whose output depends on their first input's shape only, never its values
@@ -209,7 +240,9 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
     "freeze", "shape", "evidence"}`` (``freeze``: the run-time inputs whose values an If's
     condition is computed from, which ``--freeze-input`` can fix and fold away; ``shape``:
-    those of which only the shape decides it, for ``--overwrite-input-shape``); a model
+    those of which only the shape decides it, and, for a row whose fix needs static sizes
+    (``static``), the inputs with a dynamic dim that reach the node: for
+    ``--overwrite-input-shape``); a model
     above the engine's opset cap (its profile's ``max_opset``) is one too, first, as
     ``"opset N"`` with the cap as ``take_down``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
@@ -221,10 +254,21 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
     freeze: dict[tuple[str, int], set[str]] = {}
     shape: dict[tuple[str, int], set[str]] = {}
     sources = _input_sources(model.graph)
+    dynamic = dynamic_inputs(model)
     for row, entry, node in gap_nodes(model, engines):
         key = (entry["engine"], row)
         hits[key] = hits.get(key, 0) + 1
-        if node.op_type == "If" and node.input:
+        if entry.get("static"):
+            # the fix needs static sizes: the dynamic inputs that reach the node (for a
+            # node inside a subgraph, every dynamic input)
+            reach: set[str] = set()
+            for name in node.input:
+                by_value, by_shape = sources.get(name, (set(), set()))
+                reach |= by_value | by_shape
+            shape.setdefault(key, set()).update(
+                [name for name in dynamic if name in reach]
+                if node.output and node.output[0] in sources else dynamic)
+        elif node.op_type == "If" and node.input:
             by_value, by_shape = sources.get(node.input[0], (set(), set()))
             freeze.setdefault(key, set()).update(by_value)
             shape.setdefault(key, set()).update(by_shape)

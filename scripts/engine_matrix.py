@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import decomposer  # noqa: E402
 from decomposer import engines as in_process  # noqa: E402
+from decomposer.engine_support import dynamic_inputs  # noqa: E402
 from decomposer.engines import first_error_line  # noqa: E402
 
 IN_PROCESS = ("ort", "openvino", "tvm")
@@ -109,8 +110,10 @@ def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.
     return in_process.run_model("ort", model, feeds)
 
 
-def fixes(probe: Any, model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto]]:
-    """(fix, model) candidates for a probe an engine fails, in the order they are tried."""
+def fixes(probe: Any, model: onnx.ModelProto, feeds: dict[str, np.ndarray]
+          ) -> list[tuple[str, onnx.ModelProto]]:
+    """(fix, model) candidates for a probe an engine fails, in the order they are tried;
+    folding fixes the inputs at the probe's sizes, as ``--overwrite-input-shape`` would."""
     found = []
     try:
         found.append(("lower", decomposer.decompose(model, lower=[probe.op])))
@@ -121,8 +124,8 @@ def fixes(probe: Any, model: onnx.ModelProto) -> list[tuple[str, onnx.ModelProto
             found.append((f"take_down:{below}", decomposer.decompose(model, target_opset=below)))
         except decomposer.DecomposerError:
             pass
-    static = {value.name: [d.dim_value for d in value.type.tensor_type.shape.dim]
-              for value in model.graph.input}
+    static = {value.name: list(feeds[value.name].shape) for value in model.graph.input
+              if value.name in feeds}
     for name, lower in (("fold", []), ("lower+fold", [probe.op])):
         try:
             found.append((name, decomposer.decompose(model, input_shapes=static,
@@ -173,9 +176,10 @@ def probe_phase(engines: list[str], edge: Path) -> list[dict[str, Any]]:
             candidates = None
             result = cell(engine, model, feeds, want, edge)
             row = {"probe": probe.label, "op": probe.op, "when": probe.when,
-                   "engine": engine, **result}
+                   "engine": engine, "dynamic": bool(dynamic_inputs(model)), **result}
             if result["status"] != "ok":
-                candidates = candidates if candidates is not None else fixes(probe, model)
+                candidates = candidates if candidates is not None else \
+                    fixes(probe, model, feeds)
                 for name, fixed in candidates:
                     if cell(engine, fixed, feeds, want, edge)["status"] == "ok":
                         row["fix"] = name
@@ -268,9 +272,14 @@ def _text(result: dict[str, Any]) -> str:
     return f"{status}: {result.get('detail', '')[:90]}{fix}"
 
 
-def gap_rows(probes: list[dict[str, Any]], engines: list[str]) -> list[dict[str, Any]]:
+def gap_rows(probes: list[dict[str, Any]], engines: list[str],
+             previous: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     """The data file's rows for the measured engines: one per failing probe (ONNX Runtime,
-    the reference, has none)."""
+    the reference, has none). ``static`` (the fix needs static input sizes): a fold that
+    fixed a probe with dynamic inputs; for a lowering, the pattern's own need (a sequence
+    length to unroll), kept from the ``previous`` rows of the same gap."""
+    kept_static = {(r["engine"], r["op"], r.get("when")) for r in previous or ()
+                   if r.get("static")}
     rows = []
     seen = set()
     for row in probes:
@@ -289,6 +298,9 @@ def gap_rows(probes: list[dict[str, Any]], engines: list[str]) -> list[dict[str,
             entry["take_down"] = int(fix.split(":")[1])
         if fix in ("fold", "lower+fold"):
             entry["fold"] = True
+        if (fix in ("fold", "lower+fold") and row.get("dynamic")) or \
+                (fix == "lower" and key in kept_static):
+            entry["static"] = True
         if row["status"] == "wrong":
             entry["kind"] = "wrong"
             detail = f"max error {row['error']:.2g}" if "error" in row else row["detail"]
@@ -335,7 +347,7 @@ def write_data(probes: list[dict[str, Any]], engines: list[str]) -> None:
     kept = [row for row in data["gaps"] if row["engine"] not in EDGE or
             row["engine"] not in measured]
     keys = {(row["engine"], row["op"], row.get("when")) for row in kept}
-    data["gaps"] = kept + [row for row in gap_rows(probes, engines)
+    data["gaps"] = kept + [row for row in gap_rows(probes, engines, data["gaps"])
                            if (row["engine"], row["op"], row.get("when")) not in keys]
     data["majority_wrong"] = majority_wrong(data["gaps"])
     for engine in measured:

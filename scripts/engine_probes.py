@@ -210,6 +210,84 @@ def if_on_input():
                    "flag": np.array(True)}
 
 
+def if_on_value():
+    """An If on a value computed from a run-time input (a sample rate, as silero-vad
+    ships): Equal(sr, 16000)."""
+    out = [helper.make_tensor_value_info("r", F32, [1, 4])]
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [], out)
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["r"])], "else", [], out)
+    nodes = [helper.make_node("Equal", ["sr", "rate"], ["is_rate"]),
+             helper.make_node("If", ["is_rate"], ["y"], then_branch=then, else_branch=other)]
+    graph = helper.make_graph(nodes, "probe_If_value",
+                              [helper.make_tensor_value_info("x", F32, [1, 4]),
+                               helper.make_tensor_value_info("sr", I64, [])],
+                              [helper.make_tensor_value_info("y", F32, [1, 4])],
+                              [numpy_helper.from_array(np.array(16000, np.int64), "rate")])
+    model = _model(graph, 16)
+    return model, {"x": _rng(6).standard_normal((1, 4)).astype(np.float32),
+                   "sr": np.array(16000, np.int64)}
+
+
+def if_on_shape():
+    """An If on the input's batch size whose branches differ in rank (Squeeze or not), as
+    silero-vad's decoder picks its Squeeze."""
+    out = [helper.make_tensor_value_info("r", F32, None)]
+    then = helper.make_graph([helper.make_node("Squeeze", ["x", "axis0"], ["r"])], "one", [],
+                             out)
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["r"])], "many", [], out)
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "zero"], ["batch"]),
+             helper.make_node("Equal", ["batch", "one"], ["single"]),
+             helper.make_node("If", ["single"], ["picked"], then_branch=then,
+                              else_branch=other),
+             helper.make_node("Relu", ["picked"], ["y"])]
+    inits = [numpy_helper.from_array(np.array(0, np.int64), "zero"),
+             numpy_helper.from_array(np.array(1, np.int64), "one"),
+             numpy_helper.from_array(np.array([0], np.int64), "axis0")]
+    graph = helper.make_graph(nodes, "probe_If_shape",
+                              [helper.make_tensor_value_info("x", F32, ["N", 4])],
+                              [helper.make_tensor_value_info("y", F32, None)], inits)
+    model = _model(graph, 16)
+    return model, {"x": _rng(6).standard_normal((1, 4)).astype(np.float32)}
+
+
+def pad_from_shape():
+    """A Pad whose pads are computed from the input's size (silero-vad pads its STFT
+    input so): [0, 0, 0, W // 4]."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "axis1"], ["width"]),
+             helper.make_node("Div", ["width", "four"], ["quarter"]),
+             helper.make_node("Concat", ["zeros3", "quarter"], ["pads"], axis=0),
+             helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")]
+    inits = [numpy_helper.from_array(np.array([1], np.int64), "axis1"),
+             numpy_helper.from_array(np.array([4], np.int64), "four"),
+             numpy_helper.from_array(np.zeros(3, np.int64), "zeros3")]
+    graph = helper.make_graph(nodes, "probe_Pad",
+                              [helper.make_tensor_value_info("x", F32, [1, "T"])],
+                              [helper.make_tensor_value_info("y", F32, [1, None])], inits)
+    model = _model(graph, 13)
+    return model, {"x": _rng(9).standard_normal((1, 16)).astype(np.float32)}
+
+
+def reshape_from_shape():
+    """A Reshape to a shape computed from the input's size (Paddle's OCR heads):
+    [N, C * H, W]."""
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]),
+             helper.make_node("Gather", ["shape", "batch_axis"], ["n"]),
+             helper.make_node("Gather", ["shape", "width_axis"], ["w"]),
+             helper.make_node("Concat", ["n", "minus_one", "w"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([0], np.int64), "batch_axis"),
+             numpy_helper.from_array(np.array([3], np.int64), "width_axis"),
+             numpy_helper.from_array(np.array([-1], np.int64), "minus_one")]
+    graph = helper.make_graph(nodes, "probe_Reshape",
+                              [helper.make_tensor_value_info("x", F32, ["N", 3, 2, "W"])],
+                              [helper.make_tensor_value_info("y", F32, [None, 6, None])],
+                              inits)
+    model = _model(graph, 13)
+    return model, {"x": _rng(10).standard_normal((1, 3, 2, 5)).astype(np.float32)}
+
+
 def top_k_from_shape():
     nodes = [helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Gather", ["shape", "one"], ["n"]),
@@ -275,8 +353,12 @@ PROBES = [
     Probe("Trilu", None, trilu),
     Probe("BitwiseAnd", None, bitwise_and),
     Probe("ReduceL1", None, reduce_l1),
-    Probe("If", None, if_on_input),
+    Probe("If", None, if_on_value),
+    Probe("If", "cond_is_input", if_on_input),
+    Probe("If", "cond_from_shape", if_on_shape),
     Probe("TopK", "k_from_shape", top_k_from_shape),
     Probe("Range", "size_from_shape", range_from_shape),
     Probe("NonMaxSuppression", None, non_max_suppression),
+    Probe("Pad", "pads_from_shape", pad_from_shape),
+    Probe("Reshape", "shape_from_shape", reshape_from_shape),
 ]
