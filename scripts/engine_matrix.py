@@ -415,13 +415,13 @@ def matrix_markdown(zoo: list[dict[str, Any]], versions: dict[str, str]) -> str:
     passing = [r for r in zoo if r["before"]["status"] == "ok"]
     caught = sum(bool(r.get("predicted")) for r in failing)
     flagged = sum(bool(r.get("predicted")) for r in passing)
-    flagged = [r for r in zoo if r.get("flags")]
-    if flagged:
+    with_flags = [r for r in zoo if r.get("flags")]
+    if with_flags:
         lines += ["", "With `--target ENGINE`, the input flags `decomposer check --engines "
                   "ENGINE` names (values: what the package feeds): " +
                   "; ".join(f"{r['model']} on {r['engine']}: " +
-                            " ".join(f"`{flag}`" for flag in r["flags"]) for r in flagged) +
-                  "."]
+                            " ".join(f"`{flag}`" for flag in r["flags"])
+                            for r in with_flags) + "."]
     lines += ["", f"Exact cells: {before} of {len(zoo)} as exported, {after} of {len(zoo)} "
               "after `--target ENGINE`.",
               f"`decomposer check --engines` on the exports: it names a gap in {caught} of the "
