@@ -260,14 +260,15 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
         hits[key] = hits.get(key, 0) + 1
         if entry.get("static"):
             # the fix needs static sizes: the dynamic inputs that reach the node (for a
-            # node inside a subgraph, every dynamic input)
+            # node inside a subgraph, or one reached through sizes only, every dynamic
+            # input)
             reach: set[str] = set()
             for name in node.input:
                 by_value, by_shape = sources.get(name, (set(), set()))
                 reach |= by_value | by_shape
-            shape.setdefault(key, set()).update(
-                [name for name in dynamic if name in reach]
-                if node.output and node.output[0] in sources else dynamic)
+            named = [name for name in dynamic if name in reach] \
+                if node.output and node.output[0] in sources else []
+            shape.setdefault(key, set()).update(named or dynamic)
         elif node.op_type == "If" and node.input:
             by_value, by_shape = sources.get(node.input[0], (set(), set()))
             freeze.setdefault(key, set()).update(by_value)
