@@ -55,7 +55,7 @@ from onnx import TensorProto
 from decomposer.builder import Builder, Value
 from decomposer.checks import require_type
 from decomposer.examples import Example, F
-from decomposer.forms import Attr, Form, In, Reject
+from decomposer.forms import Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
 from . import lstm
@@ -103,21 +103,9 @@ class _QuantizedProducts(lstm.Products):
 class DynamicQuantizeLSTM(Pattern[Facts]):
     op_type = "DynamicQuantizeLSTM"
     forms = (Form("DynamicQuantizeLSTM", domains=MS,
-                  inputs=(In("X"), In("W"), In("R"), In("B", optional=True),
-                          In("sequence_lens", optional=True),
-                          In("initial_h", optional=True), In("initial_c", optional=True),
-                          In("P", optional=True), In("W_scale"), In("W_zero_point"),
+                  inputs=(*lstm.CELL_INPUTS, In("W_scale"), In("W_zero_point"),
                           In("R_scale"), In("R_zero_point")),
-                  attributes={
-                      "activation_alpha": Attr("floats", default=None),
-                      "activation_beta": Attr("floats", default=None),
-                      "activations": Attr("strings", default=None),
-                      "clip": Attr("float", default=None),
-                      "direction": Attr("string", default="forward",
-                                        choices=("forward", "reverse", "bidirectional")),
-                      "hidden_size": Attr("int", default=None),
-                      "input_forget": Attr("int", default=0, choices=(0, 1))},
-                  outputs=(0, 3)),)
+                  attributes=lstm.CELL_ATTRIBUTES, outputs=(0, 3)),)
     examples = (
         Example((("x", F, (4, "N", 3)),), ((F, 4), (F, 3), (F, 3)),
                 attrs={"hidden_size": 2},
@@ -161,11 +149,7 @@ class DynamicQuantizeLSTM(Pattern[Facts]):
             index = b.const(np.array(d, np.int64), hint="direction")
             picked = {role: self._direction_weights(b, node, facts, role, d, index)
                       for role in ("W", "R")}
-            weights: dict[str, Value | None] = {
-                role: None if value is None else
-                b.Gather(value, index, axis=0, hint=f"{role}{d}") if role in ("B", "P")
-                else b.Slice(value, [d], [d + 1], [0], hint=f"{role}{d}")
-                for role, value in floats.items()}
+            weights = lstm.direction_slice(b, floats, d)
             products = _QuantizedProducts(node, facts, x_quantized, picked)
             y, h, c = lstm.direction_cells(b, np.dtype(np.float32), cells, weights, products,
                                            d, backwards)
@@ -196,12 +180,7 @@ class DynamicQuantizeLSTM(Pattern[Facts]):
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
-        cells = facts.cells
-        count, batch = len(cells.directions), cells.batch
-        shapes: list[list[int | str | None]] = [
-            [cells.steps, count, batch, cells.hidden], [count, batch, cells.hidden],
-            [count, batch, cells.hidden]]
-        return [(TensorProto.FLOAT, shape) for shape in shapes[:len(node.outputs)]]
+        return lstm.cell_output_types(facts.cells, TensorProto.FLOAT, len(node.outputs))
 
     def compute(self, args: dict[str, Any], **t: np.ndarray | None) -> list[np.ndarray]:
         """The kernel's arithmetic in float32 numpy (one intra-op thread), step by step."""

@@ -125,6 +125,43 @@ def cell_facts(node: MatchedNode, ctx: MatchContext, float_roles: tuple[str, ...
                  _activations(args["activations"], count), args["clip"], layout, batch)
 
 
+# the inputs and attributes ONNX's LSTM and ONNX Runtime's DynamicQuantizeLSTM share
+CELL_INPUTS = (In("X"), In("W"), In("R"), In("B", optional=True),
+               In("sequence_lens", optional=True), In("initial_h", optional=True),
+               In("initial_c", optional=True), In("P", optional=True))
+CELL_ATTRIBUTES = {
+    "activation_alpha": Attr("floats", default=None),
+    "activation_beta": Attr("floats", default=None),
+    "activations": Attr("strings", default=None),
+    "clip": Attr("float", default=None),
+    "direction": Attr("string", default="forward", choices=tuple(_DIRECTIONS)),
+    "hidden_size": Attr("int", default=None),
+    "input_forget": Attr("int", default=0, choices=(0, 1))}
+
+
+def direction_slice(b: Builder, weights: dict[str, Value | None], d: int
+                    ) -> dict[str, Value | None]:
+    """Direction d of each per-direction input: W, R, B, P as that direction's matrix or
+    vector, initial_h and initial_c kept (1, B, H)."""
+    index = b.const(np.array(d, np.int64), hint="direction")
+    return {role: None if value is None else
+            b.Gather(value, index, axis=0, hint=f"{role}{d}") if role in ("W", "R", "B", "P")
+            else b.Slice(value, [d], [d + 1], [0], hint=f"{role}{d}")
+            for role, value in weights.items()}
+
+
+def cell_output_types(facts: Facts, elem_type: int, outputs: int) -> list[OutputType]:
+    """Y (S, D, B, H), Y_h and Y_c (D, B, H), batch first with ``layout=1``."""
+    count, batch = len(facts.directions), facts.batch
+    shapes: list[list[int | str | None]] = \
+        [[facts.steps, count, batch, facts.hidden], [count, batch, facts.hidden],
+         [count, batch, facts.hidden]]
+    if facts.layout:
+        shapes = [[batch, facts.steps, count, facts.hidden],
+                  [batch, count, facts.hidden], [batch, count, facts.hidden]]
+    return [(elem_type, shape) for shape in shapes[:outputs]]
+
+
 class Products:
     """How a direction's cells get their matrix products: ``inputs(d)``, every step's
     input part (S, B, 4H) at once, and ``hidden(h, d, t)``, a step's (1, B, 4H) from the
@@ -220,21 +257,9 @@ def direction_cells(b: Builder, dtype: np.dtype[Any], facts: Facts,
 
 class LSTM(Pattern[Facts]):
     op_type = "LSTM"
-    forms = (Form("LSTM", domains=frozenset({"", LOWERING_DOMAIN}),
-                  inputs=(In("X"), In("W"), In("R"), In("B", optional=True),
-                          In("sequence_lens", optional=True),
-                          In("initial_h", optional=True), In("initial_c", optional=True),
-                          In("P", optional=True)),
-                  attributes={
-                      "activation_alpha": Attr("floats", default=None),
-                      "activation_beta": Attr("floats", default=None),
-                      "activations": Attr("strings", default=None),
-                      "clip": Attr("float", default=None),
-                      "direction": Attr("string", default="forward",
-                                        choices=tuple(_DIRECTIONS)),
-                      "hidden_size": Attr("int", default=None),
-                      "input_forget": Attr("int", default=0, choices=(0, 1)),
-                      "layout": Attr("int", default=0, choices=(0, 1))},
+    forms = (Form("LSTM", domains=frozenset({"", LOWERING_DOMAIN}), inputs=CELL_INPUTS,
+                  attributes={**CELL_ATTRIBUTES,
+                              "layout": Attr("int", default=0, choices=(0, 1))},
                   outputs=(0, 3)),)
     examples = (
         Example((("x", F, (5, "N", 4)), ("w", F, (1, 12, 4)), ("r", F, (1, 12, 3)),
@@ -262,11 +287,7 @@ class LSTM(Pattern[Facts]):
         outputs_y, last_h, last_c = [], [], []
         for d, backwards in enumerate(facts.directions):
             # weights as (rows, cols) of direction d; states kept (1, B, H), as Y_h holds them
-            picked = {role: None if value is None else
-                      b.Gather(value, b.const(np.array(d, np.int64), hint="direction"),
-                               axis=0, hint=f"{role}{d}") if role in ("W", "R", "B", "P")
-                      else b.Slice(value, [d], [d + 1], [0], hint=f"{role}{d}")
-                      for role, value in weights.items()}
+            picked = direction_slice(b, weights, d)
             w, r = picked["W"], picked["R"]
             assert w is not None and r is not None
             y, h, c = direction_cells(b, compute.dtype, facts, picked, FloatProducts(x, w, r),
@@ -286,14 +307,7 @@ class LSTM(Pattern[Facts]):
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
-        count, batch = len(facts.directions), facts.batch
-        shapes: list[list[int | str | None]] = \
-            [[facts.steps, count, batch, facts.hidden], [count, batch, facts.hidden],
-             [count, batch, facts.hidden]]
-        if facts.layout:
-            shapes = [[batch, facts.steps, count, facts.hidden],
-                      [batch, count, facts.hidden], [batch, count, facts.hidden]]
-        return [(facts.elem_type, shape) for shape in shapes[:len(node.outputs)]]
+        return cell_output_types(facts, facts.elem_type, len(node.outputs))
 
     def compute(self, args: dict[str, Any], **tensors: np.ndarray | None) -> list[np.ndarray]:
         """ONNX's equations in float64 numpy, step by step."""
