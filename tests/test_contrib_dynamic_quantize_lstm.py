@@ -237,3 +237,14 @@ def test_a_fixed_sequence_length_makes_a_dynamic_export_decompose(tmp_path):
     for want, got in zip(_session(model).run(None, feeds), _session(out).run(None, feeds),
                          strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+def portability_cases():
+    """A bidirectional DynamicQuantizeLSTM with states and peepholes on every engine of the
+    portability suite: ONNX Runtime's kernel (one thread) on the original the oracle."""
+    model = _node_model(**NODE_CASES["int8, bidirectional, states, peepholes"])
+    feeds = [_feeds(model, 1, 8), _feeds(model, 3, 9)]
+    kernel = _session(model)
+    expected = [kernel.run(None, f) for f in feeds]
+    return [{"id": "contrib DynamicQuantizeLSTM", "model": model, "feeds": feeds,
+             "expected": expected, "atol": 1e-4}]
