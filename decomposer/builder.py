@@ -1006,6 +1006,21 @@ class Builder:
         shifted = self.Exp(value - self.ReduceMax(value, [axis]))
         return self.Div(shifted, self.ReduceSum(shifted, [axis]), hint=hint, out=out)
 
+    def GridSample(self, x: Operand, grid: Operand, *, mode: str = "linear",
+                   padding_mode: str = "zeros", align_corners: bool = False,
+                   hint: str | None = None, out: str | None = None) -> Value:
+        """GridSample, from opset 16 (a caller below it needs its own sampler). ``mode`` in
+        opset 20's words (``linear``, ``nearest``, ``cubic``); 16-19 spell them
+        ``bilinear`` and ``bicubic`` (4-D only there)."""
+        if self.opset < 16:
+            raise ValueError(f"GridSample needs opset 16, this build is at {self.opset}")
+        if self.opset < 20:
+            mode = {"linear": "bilinear", "cubic": "bicubic"}.get(mode, mode)
+        value = self._operand(x, None, "grid_sample_in")
+        return self.op("GridSample", value, self._operand(grid, value.dtype, "grid"),
+                       mode=mode, padding_mode=padding_mode,
+                       align_corners=int(align_corners), hint=hint, out=out, dtype=value.dtype)
+
     # -- the first API's lower-case spellings, kept for existing user patterns ---------------
 
     def cast(self, x: str, to: int, hint: str = "cast", out: str | None = None) -> Value:

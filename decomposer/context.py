@@ -323,11 +323,14 @@ class NodeContext:
     """The :class:`decomposer.pattern.MatchContext` handed to ``Pattern.check``."""
 
     def __init__(self, scope: Scope, types: TypeTables, opset: int,
-                 target: str = "portable", base_dir: str | None = None) -> None:
+                 target: str = "portable", base_dir: str | None = None,
+                 avoid: frozenset[str] = frozenset(), engines: tuple[str, ...] = ()) -> None:
         self._scope = scope
         self._types = types
         self.opset = opset
         self.target = target
+        self.avoid = avoid
+        self.engines = engines
         self._base_dir = base_dir  # the model file's folder, for external weights
         self._weights: dict[str, np.ndarray | None] = {}  # read once per node
 

@@ -166,6 +166,9 @@ class _Rewriter:
         self.opsets: dict[str, int] = {}
         self.reuse = REUSE_TEMPLATES
         self.target_lowering = Lowering()  # the standard nodes the --target lowers
+        # op types the output should not hold, and the --target's engines (MatchContext)
+        self.avoid: frozenset[str] = frozenset()
+        self.engines: tuple[str, ...] = ()
         # weights patterns built, by content: an equal one is stored once (as a replayed
         # template shares its template's), so building and replaying give the same bytes
         self.weight_pool: dict[tuple[str, bytes], str] = {}
@@ -241,7 +244,8 @@ class _Rewriter:
                    f"onnx.version_converter.convert_version(model, {MIN_OPSET})")
             return False
         prefix = node.name or (node.output[0] if node.output else node.op_type)
-        context = NodeContext(scope, self.types, opset, self.target, self.base_dir)
+        context = NodeContext(scope, self.types, opset, self.target, self.base_dir,
+                              self.avoid, self.engines)
         key = memo.key(pattern, form, node) if self.reuse else None
         asked: dict[tuple[str, tuple[str, int]], Any] = {}  # this node's answers, by role
         variants = templates.get(key, []) if key is not None else []
@@ -646,6 +650,8 @@ def _run(model: onnx.ModelProto, *, registry: Registry | None,
     rewriter = _Rewriter(out, registry, report, classifier, schema_classifier, target,
                          None if base_dir is None else os.fspath(base_dir), type_hints)
     rewriter.target_lowering = target_lowering
+    rewriter.avoid = lowered | chosen.lacked(opsets.get("", 0))
+    rewriter.engines = chosen.engines
     main = _Namespace(list(all_nodes(model.graph)))
     # A custom function the main graph calls is inlined from its definition, and dropped
     # once no call is left: its body is not rewritten in place first.

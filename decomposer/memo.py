@@ -56,6 +56,8 @@ class Recorder:
     def __init__(self, inner: MatchContext, node: onnx.NodeProto) -> None:
         self.opset = inner.opset
         self.target = inner.target
+        self.avoid = inner.avoid
+        self.engines = inner.engines
         self._inner = inner
         self._roles = _roles(node)
         self.log: list[tuple[str, tuple[str, int], Any]] = []

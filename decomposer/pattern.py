@@ -35,11 +35,16 @@ class MatchContext(Protocol):
     """What a pattern may ask the engine about the graph around a node.
 
     ``opset`` is the model's default-domain opset (the replacement's); ``target`` is
-    ``"portable"``, ``"ort"`` or ``"qdq"`` (see :mod:`decomposer.builder`).
+    ``"portable"``, ``"ort"`` or ``"qdq"`` (see :mod:`decomposer.builder`). ``avoid``: the
+    standard op types the output should not hold (``--lower``'s, and those the target's
+    engines lack outright at this opset), so a pattern that could write one writes another
+    form instead; ``engines``: the engines ``--target`` names (empty for a mode).
     """
 
     opset: int
     target: str
+    avoid: frozenset[str]
+    engines: tuple[str, ...]
 
     def constant(self, name: str) -> np.ndarray | None:
         """The value of tensor ``name`` if it is an initializer or Constant output."""

@@ -16,10 +16,12 @@ runs on each). Out: :func:`resolve` gives a :class:`Target`:
   (ncnn and RKNN refuse a Range whose size is computed): the model is folded first
   (:mod:`decomposer.freezing`).
 
-:meth:`Target.lowering` then says, for one model, which nodes to decompose although their
-opset defines them: every node a gap of one of the engines holds for (the gap's op,
-condition and opset range, ``decomposer.engine_support``) where the gap names a pattern
-(``lower``). A gap with no pattern is left to ``decomposer check --engines``.
+:meth:`Target.lacked` names the op types they lack outright (the patterns see it in
+``MatchContext.avoid``). :meth:`Target.lowering` then says, for one model, which nodes to
+decompose although their opset defines them: every node a gap of one of the engines
+holds for (the gap's op, condition and opset range, ``decomposer.engine_support``) where
+the gap names a pattern (``lower``). A gap with no pattern is left to ``decomposer check
+--engines``.
 
 Under ``portable`` and ``qdq`` (no engine named) the gaps of the data file's
 ``majority_wrong`` list are lowered too: ops that most measured engines compute with other
@@ -35,7 +37,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
-from decomposer.engine_support import _data, gap_nodes, majority_wrong
+from decomposer.engine_support import _data, gap_nodes, gaps, majority_wrong
 from decomposer.errors import InvalidModelError
 from decomposer.graphs import lowered_node_key, opset_map
 
@@ -98,6 +100,16 @@ class Target:
             caps += [int(entry["take_down"]) for _, entry, _ in
                      gap_nodes(model, list(self.engines)) if entry.get("take_down")]
         return min(caps) if caps else None
+
+    def lacked(self, opset: int) -> frozenset[str]:
+        """The op types one of these engines lacks outright at ``opset``: a gap with no
+        condition, in its opset range and above its ``take_down`` opset (below it the op is
+        written in a form the engine runs). Patterns are told to write something else."""
+        return frozenset(
+            entry["op"] for entry in gaps()
+            if entry["engine"] in self.engines and not entry.get("when") and
+            int(entry.get("min_opset", 0)) <= opset <= int(entry.get("max_opset", 10**6))
+            and opset > int(entry.get("take_down", 0)))
 
     def lowering(self, model: onnx.ModelProto, opset: int | None = None) -> Lowering:
         """The nodes of ``model`` (at ``opset``, default its own) this target lowers."""

@@ -1,4 +1,5 @@
-"""Deformable convolution (DCN v1/v2: ONNX DeformConv, mmcv, torchvision) as gathers + MatMul.
+"""Deformable convolution (DCN v1/v2: ONNX DeformConv, mmcv, torchvision) as GridSample or
+gathers, then MatMul.
 
 Matches (every spelling normalizes to the same call: x, weight, offset, mask?, bias?;
 strides, pads, dilations, group, offset_group):
@@ -26,28 +27,50 @@ offset[n, g*2K + 2k + 1])`` (dy first), sampled bilinearly with zeros outside
 samples with W, plus B. Ho and Wo are the offset's (the exporters make them the
 convolution's output size).
 
-Before -> after (group 1)::
+Two forms, the same arithmetic (the bilinear rule of :mod:`._sampling`):
 
-    DeformConv(X, W, offset, B, mask)
-      ->  quads = 2x2 neighbourhoods of Pad(X) channels-last, one row per (n, y, x, g)
-                  (._sampling.quad_rows: four shifted Slices, a Concat, a Reshape)
-          y, x  = grid (CumSum over Ho, Wo) * stride - pad + tap * dilation + offset
-                  # (N, OG, K, Ho, Wo); clipped to [-1, H] x [-1, W], NaN -> -1
-          taps  = Gather(quads, row of floor(y), floor(x))     # (N, Ho, Wo, OG, K, 4, C/OG)
-          cols  = MatMul(corner weights * mask (.., 1, 4), taps)   # (N, Ho, Wo, OG*K*C/OG)
-          Y     = Transpose(MatMul(cols, W permuted to (OG*K*C/OG, Co)) + B, NCHW)
+- **GridSample form** (opset 16+, X float16/32; the default): every tap's sample point
+  normalized as GridSample reads it with ``align_corners=0`` (``g = (2u + 1) / size - 1``;
+  NaN and far points to -3, outside like any point beyond ``1 + 1/size``), the offset
+  groups folded into the batch, one ``GridSample(bilinear, zeros, align_corners=0)`` (ONNX
+  Runtime's fast path), the mask, one batched ``MatMul``::
 
-With group > 1 the columns are k-major, split per group (a Transpose of the columns) and
-multiplied by a (group, K*C/group, Co/group) weight in one batched MatMul. Every Reshape
-target is a Concat of Shape slices and constants (TVM's importer infers no dim there).
+      DeformConv(X, W, offset, B, mask)
+        ->  grid = Concat(x, y normalized)               # (N*OG, K*Ho, Wo, 2)
+            cols = GridSample(Reshape(X, (N*OG, C/OG, H, W)), grid) * mask
+                                                         # (N*OG, C/OG, K*Ho, Wo)
+            Y    = Reshape(MatMul(W (G, Co/G, C/G*K), cols (N, G, C/G*K, Ho*Wo)) + B)
+
+  The columns are written once, as im2col's (C*K*Ho*Wo elements), so peak memory is about
+  twice the native kernel's. The normalized coordinate rounds once more than the pixel
+  coordinate (float32: a few 1e-6 of a pixel at 128 pixels).
+- **Gather form** (below opset 16, float64, ``--lower GridSample``, an engine target that
+  lacks GridSample, and every TensorRT target: TensorRT 10.14/11.1 miscompile
+  GridSample-based deformable sampling, NVIDIA/TensorRT#4813)::
+
+      DeformConv(X, W, offset, B, mask)
+        ->  quads = 2x2 neighbourhoods of Pad(X) channels-last, one row per (n, y, x, g)
+                    (._sampling.quad_rows: four shifted Slices, a Concat, a Reshape)
+            y, x  = grid (CumSum over Ho, Wo) * stride - pad + tap * dilation + offset
+                    # (N, OG, K, Ho, Wo); clipped to [-1, H] x [-1, W], NaN -> -1
+            taps  = Gather(quads, row of floor(y), floor(x))     # (N, Ho, Wo, OG, K, 4, C/OG)
+            cols  = MatMul(corner weights * mask (.., 1, 4), taps)   # (N, Ho, Wo, OG*K*C/OG)
+            Y     = Transpose(MatMul(cols, W permuted to (OG*K*C/OG, Co)) + B, NCHW)
+
+  With group > 1 the columns are k-major, split per group (a Transpose of the columns)
+  and multiplied by a (group, K*C/group, Co/group) weight in one batched MatMul. The
+  gathered corners are 4*N*Ho*Wo*K*C elements (four times im2col's columns), plus a quad
+  table of four times the input; no chunking.
+
+Every Reshape target is a Concat of Shape slices and constants (TVM's importer infers no
+dim there, and gives a dynamic GridSample's output no shape: its sizes are read again from
+the images and the grid).
 
 Envelope: opsets 11+; 2-D only (X rank 4); X float16/32/64 (float16 is computed in
 float32 and rounded once); N, H, W, Ho, Wo dynamic; C, the kernel size, group and
-offset_group static (C from X or W, the kernel from ``kernel_shape`` or W). Memory: the
-gathered corners are 4*N*Ho*Wo*K*C elements (four times im2col's columns), plus a quad
-table of four times the input; no chunking.
-No GridSample (TensorRT 10.14/11.1 miscompile GridSample-based deformable sampling,
-NVIDIA/TensorRT#4813), no Conv with a computed weight, no contrib ops.
+offset_group static (C from X or W, the kernel from ``kernel_shape`` or W). No Conv with a
+computed weight, no contrib ops. Speed and memory against ONNX Runtime's DeformConv-19:
+docs/performance.md.
 """
 
 from __future__ import annotations
@@ -63,7 +86,7 @@ from decomposer.examples import TRUE, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from ._sampling import bilinear_sample, bilinear_zeros_reference, positions, quad_rows
+from ._sampling import bilinear_sample, bilinear_zeros_reference, finite, positions, quad_rows
 
 
 class Facts(NamedTuple):
@@ -76,6 +99,8 @@ class Facts(NamedTuple):
     dilations: tuple[int, int]
     group: int
     offset_group: int
+    # sample with ONNX GridSample (opset 16+, float) rather than the quad-table gathers
+    grid_sample: bool = False
 
 
 def _pair(name: str) -> Any:
@@ -387,10 +412,14 @@ class DeformConv(Pattern[Facts]):
             raise Reject(f"strides {strides} and dilations {dilations} must be >= 1")
         compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
         return Facts(elem_type, compute, channels, kernel, tuple(strides),
-                     tuple(args["pads"][:2]), tuple(dilations), group, offset_group)
+                     tuple(args["pads"][:2]), tuple(dilations), group, offset_group,
+                     _samples_with_grid_sample(ctx, compute))
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
-        build_deform_conv(b, node, facts)
+        if facts.grid_sample:
+            build_deform_conv_grid_sample(b, node, facts)
+        else:
+            build_deform_conv(b, node, facts)
 
     def output_types(self, node: MatchedNode, ctx: MatchContext, facts: Facts
                      ) -> list[OutputType]:
@@ -424,6 +453,16 @@ def _with_defaults(args: dict[str, Any]) -> dict[str, Any]:
     """Arguments a spelling does not write: one group, one offset group, the kernel from W,
     a mask when one is given."""
     return {"group": 1, "offset_group": 1, "kernel_shape": None, "use_mask": True, **args}
+
+
+def _samples_with_grid_sample(ctx: MatchContext, compute_type: int) -> bool:
+    """The GridSample form: opset 16+, computed in float32 (ONNX Runtime has no float64
+    GridSample before 20), GridSample neither lowered nor lacked by a target engine, and no
+    TensorRT target (NVIDIA/TensorRT#4813: GridSample-based deformable sampling
+    miscompiles in TensorRT 10.14/11.1)."""
+    return (ctx.opset >= 16 and compute_type == TensorProto.FLOAT
+            and "GridSample" not in ctx.avoid
+            and not any(engine.startswith("tensorrt") for engine in ctx.engines))
 
 
 def _offset(node: MatchedNode) -> str:
@@ -572,6 +611,102 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
         y_out = b.Transpose(y_out, [0, 1, 4, 2, 3], hint="channels_first")  # (N,G,Co/G,Ho,Wo)
         y_nchw = b.Reshape(y_out, b.Concat(batch, out_channels, out_sizes, axis=0,
                                            hint="out_shape"), hint="y_groups", out=final)
+    if narrow:
+        b.Cast(y_nchw, facts.elem_type, out=node.outputs[0])
+
+
+def build_deform_conv_grid_sample(b: Builder, node: MatchedNode, facts: Facts) -> None:
+    """The GridSample form (module docstring): the offset groups folded into the batch, one
+    GridSample of every tap's points, the mask, one batched MatMul."""
+    dtype = numpy_dtype(facts.compute_type)
+    narrow = facts.elem_type != facts.compute_type
+    kh, kw = facts.kernel
+    taps = kh * kw
+    og, group, channels = facts.offset_group, facts.group, facts.channels
+
+    def computed(name: str, hint: str) -> Value:
+        value = b.input(name, numpy_dtype(facts.elem_type))
+        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
+
+    x = computed(node.tensor("x"), "x")
+    offset = computed(_offset(node), "offset")
+    mask: Value | None = computed(_mask(node), "mask") if _mask(node) else None
+    if node.tensor("offset_mask"):  # channels [0, 2*OG*K): offset; the rest: mask logits
+        mask = b.Sigmoid(b.Slice(offset, [2 * og * taps], [3 * og * taps], [1],
+                                 hint="mask_logits"), hint="mask_sigmoid")
+        offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
+
+    out_sizes = b.Shape(offset, 2, 4, hint="out_sizes")  # Ho, Wo
+    batch = b.Shape(x, 0, 1, hint="batch_size")
+    image_sizes = b.Cast(b.Shape(x, 2, 4, hint="image_sizes"), dtype, hint="image_sizes_f")
+    # GridSample (align_corners=0) reads pixel u at g = (2u + 1) / size - 1: g = u * a + c
+    step = b.Div(np.asarray(2, dtype), image_sizes, hint="steps")  # (2,): 2/H, 2/W
+    shift = b.Div(np.asarray(1, dtype), image_sizes, hint="shifts") - np.asarray(1, dtype)
+    (sh, sw), (pt, pl), (dh, dw) = facts.strides, facts.pads, facts.dilations
+    rows_h, cols_w = (positions(b, out_sizes, axis, dtype, hint=f"out_{name}")
+                      for axis, name in enumerate("yx"))  # (Ho, Wo) each
+    tap_y = (np.arange(taps) // kw * dh).astype(dtype).reshape(taps, 1, 1)
+    tap_x = (np.arange(taps) % kw * dw).astype(dtype).reshape(taps, 1, 1)
+    per_point_shape = b.Concat(batch, np.asarray([og, taps]), out_sizes, axis=0,
+                               hint="points_shape")
+    normalized = []
+    for axis, (name, rows, stride, pad, tap) in enumerate(
+            (("y", rows_h, sh, pt, tap_y), ("x", cols_w, sw, pl, tap_x))):
+        scale = b.Gather(step, [axis], axis=0, hint=f"step_{name}")
+        # (K, Ho, Wo): the tap's point without offset, normalized
+        base = (b.Unsqueeze(rows * float(stride) - float(pad), [0], hint=f"base_{name}")
+                + tap) * scale + b.Gather(shift, [axis], axis=0, hint=f"shift_{name}")
+        # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1
+        delta = b.Slice(offset, [axis], [2**62], [1], [2], hint=f"offset_{name}")
+        point = b.Reshape(delta, per_point_shape, hint=f"d{name}") * scale + base
+        normalized.append(b.Unsqueeze(point, [5], hint=f"grid_{name}"))
+    # (N, OG, K, Ho, Wo, 2) as GridSample's (x, y); NaN and every far point -> -3, which
+    # samples zeros like any point outside (|g| > 1 + 1/size is outside the image)
+    grid = b.Concat(normalized[1], normalized[0], axis=5, hint="grid")
+    grid = b.Clip(finite(b, grid, np.asarray(-3, dtype)), np.asarray(-3, dtype),
+                  np.asarray(3, dtype), hint="grid_bounded")
+    wo = b.Shape(offset, 3, 4, hint="out_width")  # a Shape slice (TVM folds no Gather)
+    grid = b.Reshape(grid, b.Concat(batch, np.asarray([og, -1]), wo, np.asarray([2]),
+                                    axis=0, hint="grid_rows_shape"),
+                     hint="grid_rows")  # (N, OG, K*Ho, Wo, 2)
+    images = x
+    if og > 1:  # offset group g's channels as an image of its own: batch n*OG + g
+        grid = b.Reshape(grid, b.Concat(np.asarray([-1]), b.Shape(grid, 2, 5), axis=0,
+                                        hint="grid_batch_shape"), hint="grid_batch")
+        images = b.Reshape(x, b.Concat(np.asarray([-1, channels // og]),
+                                       b.Shape(x, 2, 4, hint="image_hw"), axis=0,
+                                       hint="groups_shape"), hint="offset_groups")
+    else:
+        grid = b.Reshape(grid, b.Concat(batch, b.Shape(grid, 2, 5), axis=0,
+                                        hint="grid_batch_shape"), hint="grid_batch")
+    cols = b.GridSample(images, grid, mode="linear", padding_mode="zeros",
+                        align_corners=False, hint="taps")  # (N*OG, C/OG, K*Ho, Wo)
+    # the same sizes again, read from the images and the grid: TVM gives a dynamic
+    # GridSample's output no shape, and then neither broadcasts nor reshapes it
+    cols = b.Reshape(cols, b.Concat(b.Shape(images, 0, 1, hint="images"),
+                                    np.asarray([channels // og]), b.Shape(grid, 1, 3),
+                                    axis=0, hint="taps_shape"), hint="taps_shaped")
+    if mask is not None:
+        mask_shape = b.Concat(b.Shape(images, 0, 1, hint="images"), np.asarray([1]),
+                              b.Shape(grid, 1, 3), axis=0, hint="modulation_shape")
+        cols = cols * b.Reshape(mask, mask_shape, hint="modulation")
+    # (N, G, C/G*K, Ho*Wo): channel c = g*C/G + c', tap k, as W (Co, C/G, kH, kW) reads them
+    per_group = channels // group
+    # Ho*Wo read back from a flat tensor of that size, not inferred by -1 (TVM gives a
+    # dynamic GridSample's output no shape, and then infers no dim from it)
+    out_pixels = b.Shape(b.Reshape(rows_h, [-1], hint="out_pixels"), hint="out_pixel_count")
+    cols = b.Reshape(cols, b.Concat(batch, np.asarray([group, per_group * taps]), out_pixels,
+                                    axis=0, hint="columns_shape"), hint="columns")
+    weight = computed(node.tensor("weight"), "weight")
+    w_matrix = b.Reshape(weight, [group, -1, per_group * taps], hint="weight_matrix")
+    y_out = b.MatMul(w_matrix, cols, hint="conv")  # (N, G, Co/G, Ho*Wo)
+    if node.tensor("bias"):
+        bias = computed(node.tensor("bias"), "bias")
+        y_out = y_out + b.Reshape(bias, [group, -1, 1], hint="bias_groups")
+    out_channels = b.Shape(weight, 0, 1, hint="out_channels")
+    final = None if narrow else node.outputs[0]
+    y_nchw = b.Reshape(y_out, b.Concat(batch, out_channels, out_sizes, axis=0,
+                                       hint="out_shape"), hint="y", out=final)
     if narrow:
         b.Cast(y_nchw, facts.elem_type, out=node.outputs[0])
 

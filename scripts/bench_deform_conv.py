@@ -2,12 +2,15 @@
 
 In: ``--rounds R`` (default 11), ``--threads T`` (default 1), ``--json FILE``.
 Out: per case (N=1, C 64 -> 64, 3x3, pads 1, mask and bias; 64x64 and 128x128 with offset
-groups 1 and 4, and a tiny 8x8), the median time of each variant over interleaved rounds,
-the median ratio to native, and each session's peak resident memory growth (run in a fresh
-subprocess per variant, so one's allocations do not hide the other's). A third variant is a
-straightforward gather-based decomposition (``Naive`` below: per kernel tap, one GatherND
-per bilinear corner on the zero-padded NHWC input, the K taps concatenated, one MatMul),
-the baseline ours must beat. The outputs are checked against each other before timing.
+groups 1 and 4, a tiny 8x8, and N=2 C 16 -> 16 at 16x16), the median time of each variant
+over interleaved rounds, the median ratio to native, and each session's peak resident memory
+growth (run in a fresh subprocess per variant, so one's allocations do not hide the
+other's). The variants: ONNX Runtime's DeformConv-19; the decomposition at opset 18 (its
+GridSample form); the same with GridSample avoided (``--lower GridSample``: the gather form
+that opsets below 16 and TensorRT get); and at offset group 1 a straightforward gather-based
+decomposition (``Naive`` below: per kernel tap, one GatherND per bilinear corner on the
+zero-padded NHWC input, the K taps concatenated, one MatMul), the baseline both must beat.
+The outputs are checked against each other before timing.
 Used for the DeformConv table of docs/performance.md.
 """
 
@@ -35,22 +38,24 @@ from decomposer.testing import ir_version_for  # noqa: E402
 
 from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
 
-CASES = [(64, 1), (64, 4), (128, 1), (128, 4), (8, 1)]
-CHANNELS = 64
+# (size, offset groups, batch, channels)
+CASES = [(64, 1, 1, 64), (64, 4, 1, 64), (128, 1, 1, 64), (128, 4, 1, 64), (8, 1, 1, 64),
+         (16, 1, 2, 16)]
 
 
-def case_model(size: int, offset_group: int, opset: int) -> tuple[onnx.ModelProto, dict]:
+def case_model(size: int, offset_group: int, opset: int, batch: int = 1, channels: int = 64
+               ) -> tuple[onnx.ModelProto, dict]:
     rng = np.random.default_rng(size * 10 + offset_group)
     taps = 9
     arrays = {
-        "x": rng.standard_normal((1, CHANNELS, size, size)).astype(np.float32),
-        "weight": (rng.standard_normal((CHANNELS, CHANNELS, 3, 3)) * 0.1).astype(np.float32),
-        "offset": (rng.standard_normal((1, 2 * offset_group * taps, size, size)) * 2
+        "x": rng.standard_normal((batch, channels, size, size)).astype(np.float32),
+        "weight": (rng.standard_normal((channels, channels, 3, 3)) * 0.1).astype(np.float32),
+        "offset": (rng.standard_normal((batch, 2 * offset_group * taps, size, size)) * 2
                    ).astype(np.float32),
-        "bias": rng.standard_normal(CHANNELS).astype(np.float32),
-        "mask": rng.random((1, offset_group * taps, size, size)).astype(np.float32),
+        "bias": rng.standard_normal(channels).astype(np.float32),
+        "mask": rng.random((batch, offset_group * taps, size, size)).astype(np.float32),
     }
-    dynamic = {"x": ["N", CHANNELS, "H", "W"], "offset": ["N", 2 * offset_group * taps,
+    dynamic = {"x": ["N", channels, "H", "W"], "offset": ["N", 2 * offset_group * taps,
                                                           "h", "w"],
                "mask": ["N", offset_group * taps, "h", "w"]}
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT,
@@ -115,10 +120,12 @@ class Naive(DeformConv):
         b.Transpose(y_out, [0, 3, 1, 2], out=node.outputs[0])
 
 
-def variants(size: int, offset_group: int) -> dict[str, onnx.ModelProto]:
-    native, _ = case_model(size, offset_group, 19)
-    below, _ = case_model(size, offset_group, 18)
-    found = {"native": native, "decomposed": decomposer.decompose(below)}
+def variants(size: int, offset_group: int, batch: int, channels: int
+             ) -> dict[str, onnx.ModelProto]:
+    native, _ = case_model(size, offset_group, 19, batch, channels)
+    below, _ = case_model(size, offset_group, 18, batch, channels)
+    found = {"native": native, "decomposed": decomposer.decompose(below),
+             "gathers": decomposer.decompose(below, lower=["GridSample"])}
     if offset_group == 1:
         naive = build_registry(entry_points=False)
         naive.register(Naive(), source="bench", override=True)
@@ -168,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     rows = []
-    print(f"DeformConv, N=1, C {CHANNELS} -> {CHANNELS}, 3x3, ORT {args.threads} thread(s), "
-          f"{args.rounds} interleaved rounds")
-    print(f"{'size':>8} {'OG':>3} {'native ms':>10} {'ours ms':>9} {'ratio':>6} "
-          f"{'naive ms':>9} {'ours/naive':>10} {'native MiB':>11} {'ours MiB':>9}")
-    for size, offset_group in CASES:
-        models = variants(size, offset_group)
-        _, feeds = case_model(size, offset_group, 19)
+    print(f"DeformConv, C -> C, 3x3, ORT {args.threads} thread(s), {args.rounds} interleaved "
+          f"rounds; 'gathers': the GridSample-free form")
+    print(f"{'N':>2} {'C':>3} {'size':>8} {'OG':>3} {'native ms':>10} {'ours ms':>9} "
+          f"{'ratio':>6} {'gathers':>8} {'naive ms':>9} {'ours/naive':>10} {'native MiB':>11} "
+          f"{'ours MiB':>9} {'gathers MiB':>11}")
+    for size, offset_group, batch, channels in CASES:
+        models = variants(size, offset_group, batch, channels)
+        _, feeds = case_model(size, offset_group, 19, batch, channels)
         runners = {name: OrtRunner(model, feeds, args.threads)
                    for name, model in models.items()}
         for name in runners:
@@ -182,22 +190,27 @@ def main(argv: list[str] | None = None) -> int:
                                        atol=1e-3, rtol=1e-3, err_msg=name)
         _, times, ratios = interleaved_rounds(runners, "native", args.rounds, time_calls)
         memory = {name: peak_memory(models[name], feeds, args.threads)
-                  for name in ("native", "decomposed")}
+                  for name in ("native", "decomposed", "gathers")}
         naive = float(np.median(times["naive"])) * 1e3 if "naive" in times else None
         over_naive = float(np.median(np.array(times["decomposed"]) / np.array(times["naive"]))) \
             if "naive" in times else None
-        row = {"size": size, "offset_group": offset_group, "threads": args.threads,
+        row = {"size": size, "offset_group": offset_group, "batch": batch,
+               "channels": channels, "threads": args.threads,
                "native_ms": 1e3 * float(np.median(times["native"])),
                "decomposed_ms": 1e3 * float(np.median(times["decomposed"])),
                "ratio": float(np.median(ratios["decomposed"])),
+               "gathers_ms": 1e3 * float(np.median(times["gathers"])),
+               "gathers_ratio": float(np.median(ratios["gathers"])),
                "naive_ms": naive, "decomposed_over_naive": over_naive,
-               "native_peak_mib": memory["native"], "decomposed_peak_mib": memory["decomposed"]}
+               "native_peak_mib": memory["native"], "decomposed_peak_mib": memory["decomposed"],
+               "gathers_peak_mib": memory["gathers"]}
         rows.append(row)
         naive_cells = (f"{naive:>9.2f} {over_naive:>10.2f}" if naive is not None and
                        over_naive is not None else f"{'-':>9} {'-':>10}")
-        print(f"{size:>4}x{size:<3} {offset_group:>3} {row['native_ms']:>10.2f} "
-              f"{row['decomposed_ms']:>9.2f} {row['ratio']:>6.2f} {naive_cells} "
-              f"{row['native_peak_mib']:>11.1f} {row['decomposed_peak_mib']:>9.1f}",
+        print(f"{batch:>2} {channels:>3} {size:>4}x{size:<3} {offset_group:>3} "
+              f"{row['native_ms']:>10.2f} {row['decomposed_ms']:>9.2f} {row['ratio']:>6.2f} "
+              f"{row['gathers_ratio']:>8.2f} {naive_cells} {row['native_peak_mib']:>11.1f} "
+              f"{row['decomposed_peak_mib']:>9.1f} {row['gathers_peak_mib']:>11.1f}",
               flush=True)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))

@@ -262,7 +262,11 @@ def check_spelling(spelling: str, conv: Conv, opset: int = 13, atol: float = 1e-
     out, report = decomposer.decompose_with_report(model)
     assert report.counts == {"DeformConv": 1}, report.summary()
     assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
-    assert not {"GridSample", "DeformConv", "Conv"} & {n.op_type for n in out.graph.node}
+    ops = [n.op_type for n in out.graph.node]
+    assert not {"DeformConv", "Conv"} & set(ops)
+    # the GridSample form from opset 16 (float16/32), the gathers below it and for float64
+    sampler = opset >= 16 and conv.x.dtype != np.float64
+    assert ops.count("GridSample") == (1 if sampler else 0), ops
     onnx.checker.check_model(out, full_check=True)
     pattern = DeformConv()
     for c, feed in zip([conv, *conv.more], feeds, strict=True):
@@ -297,7 +301,8 @@ def test_every_spelling_matches_torch_and_ort(spelling):
                      pads=(1, 1, 1, 1), dilations=(2, 2) if symmetric else (1, 2),
                      group=1 if spelling == "dcnv2_trt" else 2,
                      offset_group=2, sizes=[(1, 5, 9)])
-    check_spelling(spelling, _for_spelling(spelling, conv))
+    for opset in (13, 18):  # the gather form, the GridSample form
+        check_spelling(spelling, _for_spelling(spelling, conv), opset)
 
 
 @pytest.mark.parametrize("label, params", [
@@ -337,16 +342,55 @@ def test_onnx_deform_conv_19_is_kept_unless_lowered():
                                atol=1e-4, rtol=1e-4)
 
 
-def test_nan_and_inf_offsets_never_crash():
+@pytest.mark.parametrize("opset", [13, 18])
+def test_nan_and_inf_offsets_never_crash(opset):
     conv = make_conv(np.random.default_rng(9), sizes=[])
     conv.offset[0, 0, 0, 0] = np.nan
     conv.offset[0, 1, 1, 1] = np.inf
     conv.offset[1, 3, 2, 2] = -np.inf
-    model, feeds = spelled("onnx", conv, 13)
+    conv.offset[1, 4, 3, 3] = 1e30
+    model, feeds = spelled("onnx", conv, opset)
     got = run_onnxruntime(decomposer.decompose(model), feeds[0])[0]
     want = torch_deform_conv(conv)
     finite = np.isfinite(want)
     np.testing.assert_allclose(got[finite], want[finite], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("how", [{"lower": ["DeformConv", "GridSample"]},
+                                 {"lower": ["DeformConv"], "target": "tensorrt"},
+                                 {"lower": ["DeformConv"], "target": "onnx2torch"}])
+def test_gather_form_where_grid_sample_is_unwanted(how):
+    """--lower GridSample, a TensorRT target (NVIDIA/TensorRT#4813) and an engine without
+    GridSample (onnx2torch) get the GridSample-free form, not a GridSample lowered after."""
+    conv = make_conv(np.random.default_rng(6), offset_group=2, sizes=[])
+    model = native_model(conv, 19)
+    out = decomposer.decompose(model, **how)
+    ops = [n.op_type for n in out.graph.node]
+    assert "GridSample" not in ops and "DeformConv" not in ops
+    names = [n.name for n in out.graph.node]
+    # the gather form's own quad table, not the GridSample form with its GridSample lowered
+    assert any("/quad" in name for name in names) and \
+        not any("grid_rows" in name for name in names), names
+    feeds = {"x": conv.x, "weight": conv.weight, "offset": conv.offset, "bias": conv.bias,
+             "mask": conv.mask}
+    np.testing.assert_allclose(run_onnxruntime(out, feeds)[0], torch_deform_conv(conv),
+                               atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size, offset_group", [(64, 1), (48, 4)])
+def test_grid_sample_form_at_deployment_sizes(size, offset_group):
+    """Normalized coordinates round at large sizes: still within the float32 tolerance of
+    ONNX Runtime's own DeformConv-19 kernel and of torch in float64."""
+    conv = make_conv(np.random.default_rng(size), n=1, c=16, co=8, h=size, w=size,
+                     offset_group=offset_group, spread=4.0)
+    model = native_model(conv, 19)
+    out = decomposer.decompose(model, lower=["DeformConv"])
+    assert [n.op_type for n in out.graph.node].count("GridSample") == 1
+    feeds = {"x": conv.x, "weight": conv.weight, "offset": conv.offset, "bias": conv.bias,
+             "mask": conv.mask}
+    got = run_onnxruntime(out, feeds)[0]
+    np.testing.assert_allclose(got, run_onnxruntime(model, feeds)[0], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(got, torch_deform_conv(conv), atol=1e-4, rtol=1e-4)
 
 
 # -- rejections -----------------------------------------------------------------------------
