@@ -101,6 +101,12 @@ class Facts(NamedTuple):
     offset_group: int
     # sample with ONNX GridSample (opset 16+, float) rather than the quad-table gathers
     grid_sample: bool = False
+    chunk_taps: int = 0  # GridSample form: kernel taps sampled and multiplied at a time
+
+
+# The GridSample form's columns (N*C*K*Ho*Wo float32) beyond which it samples the kernel a
+# row of taps at a time (or one tap), so peak memory stays near the native kernel's.
+COLUMN_BUDGET = 16 << 20
 
 
 def _pair(name: str) -> Any:
@@ -411,9 +417,11 @@ class DeformConv(Pattern[Facts]):
         if min(strides) < 1 or min(dilations) < 1:
             raise Reject(f"strides {strides} and dilations {dilations} must be >= 1")
         compute = TensorProto.DOUBLE if elem_type == TensorProto.DOUBLE else TensorProto.FLOAT
+        grid_sample = _samples_with_grid_sample(ctx, compute)
         return Facts(elem_type, compute, channels, kernel, tuple(strides),
                      tuple(args["pads"][:2]), tuple(dilations), group, offset_group,
-                     _samples_with_grid_sample(ctx, compute))
+                     grid_sample, _chunk_taps(x_shape, o_shape, channels, kernel)
+                     if grid_sample else 0)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         if facts.grid_sample:
@@ -463,6 +471,21 @@ def _samples_with_grid_sample(ctx: MatchContext, compute_type: int) -> bool:
     return (ctx.opset >= 16 and compute_type == TensorProto.FLOAT
             and "GridSample" not in ctx.avoid
             and not any(engine.startswith("tensorrt") for engine in ctx.engines))
+
+
+def _chunk_taps(x_shape: Any, o_shape: Any, channels: int, kernel: tuple[int, int]) -> int:
+    """Taps per GridSample: every tap where the columns fit COLUMN_BUDGET, else a kernel row,
+    else one. With a dynamic N, Ho or Wo, a kernel row: memory stays bounded at every size,
+    for some speed where the columns are small (docs/performance.md)."""
+    taps = kernel[0] * kernel[1]
+    sizes = [x_shape[0] if x_shape else None, *(o_shape[2:] if o_shape else (None, None))]
+    if not all(isinstance(size, int) for size in sizes):
+        return kernel[1]
+    pixels = int(np.prod(sizes))
+    for chunk in (taps, kernel[1]):
+        if pixels * channels * chunk * 4 <= COLUMN_BUDGET:
+            return chunk
+    return 1
 
 
 def _offset(node: MatchedNode) -> str:
@@ -659,47 +682,63 @@ def build_deform_conv_grid_sample(b: Builder, node: MatchedNode, facts: Facts) -
         # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1
         delta = b.Slice(offset, [axis], [2**62], [1], [2], hint=f"offset_{name}")
         point = b.Reshape(delta, per_point_shape, hint=f"d{name}") * scale + base
-        normalized.append(b.Unsqueeze(point, [5], hint=f"grid_{name}"))
-    # (N, OG, K, Ho, Wo, 2) as GridSample's (x, y); NaN and every far point -> -3, which
-    # samples zeros like any point outside (|g| > 1 + 1/size is outside the image)
-    grid = b.Concat(normalized[1], normalized[0], axis=5, hint="grid")
-    grid = b.Clip(finite(b, grid, np.asarray(-3, dtype)), np.asarray(-3, dtype),
-                  np.asarray(3, dtype), hint="grid_bounded")
+        # NaN and every far point -> -3, which samples zeros like any point outside
+        # (|g| > 1 + 1/size is outside the image)
+        normalized.append(b.Clip(finite(b, point, np.asarray(-3, dtype)),
+                                 np.asarray(-3, dtype), np.asarray(3, dtype),
+                                 hint=f"grid_{name}"))  # (N, OG, K, Ho, Wo)
     wo = b.Shape(offset, 3, 4, hint="out_width")  # a Shape slice (TVM folds no Gather)
-    grid = b.Reshape(grid, b.Concat(batch, np.asarray([og, -1]), wo, np.asarray([2]),
-                                    axis=0, hint="grid_rows_shape"),
-                     hint="grid_rows")  # (N, OG, K*Ho, Wo, 2)
     images = x
     if og > 1:  # offset group g's channels as an image of its own: batch n*OG + g
-        grid = b.Reshape(grid, b.Concat(np.asarray([-1]), b.Shape(grid, 2, 5), axis=0,
-                                        hint="grid_batch_shape"), hint="grid_batch")
         images = b.Reshape(x, b.Concat(np.asarray([-1, channels // og]),
                                        b.Shape(x, 2, 4, hint="image_hw"), axis=0,
                                        hint="groups_shape"), hint="offset_groups")
-    else:
-        grid = b.Reshape(grid, b.Concat(batch, b.Shape(grid, 2, 5), axis=0,
-                                        hint="grid_batch_shape"), hint="grid_batch")
-    cols = b.GridSample(images, grid, mode="linear", padding_mode="zeros",
-                        align_corners=False, hint="taps")  # (N*OG, C/OG, K*Ho, Wo)
-    # the same sizes again, read from the images and the grid: TVM gives a dynamic
-    # GridSample's output no shape, and then neither broadcasts nor reshapes it
-    cols = b.Reshape(cols, b.Concat(b.Shape(images, 0, 1, hint="images"),
-                                    np.asarray([channels // og]), b.Shape(grid, 1, 3),
-                                    axis=0, hint="taps_shape"), hint="taps_shaped")
-    if mask is not None:
-        mask_shape = b.Concat(b.Shape(images, 0, 1, hint="images"), np.asarray([1]),
-                              b.Shape(grid, 1, 3), axis=0, hint="modulation_shape")
-        cols = cols * b.Reshape(mask, mask_shape, hint="modulation")
-    # (N, G, C/G*K, Ho*Wo): channel c = g*C/G + c', tap k, as W (Co, C/G, kH, kW) reads them
+    image_count = b.Shape(images, 0, 1, hint="images")  # N*OG
     per_group = channels // group
     # Ho*Wo read back from a flat tensor of that size, not inferred by -1 (TVM gives a
     # dynamic GridSample's output no shape, and then infers no dim from it)
     out_pixels = b.Shape(b.Reshape(rows_h, [-1], hint="out_pixels"), hint="out_pixel_count")
-    cols = b.Reshape(cols, b.Concat(batch, np.asarray([group, per_group * taps]), out_pixels,
-                                    axis=0, hint="columns_shape"), hint="columns")
     weight = computed(node.tensor("weight"), "weight")
-    w_matrix = b.Reshape(weight, [group, -1, per_group * taps], hint="weight_matrix")
-    y_out = b.MatMul(w_matrix, cols, hint="conv")  # (N, G, Co/G, Ho*Wo)
+    w_taps = b.Reshape(weight, [-1, per_group, taps], hint="weight_taps")  # (Co, C/G, K)
+    modulation = b.Reshape(mask, per_point_shape, hint="modulation") \
+        if mask is not None else None  # (N, OG, K, Ho, Wo)
+    y_out: Value | None = None
+    for first in range(0, taps, facts.chunk_taps):
+        last = min(first + facts.chunk_taps, taps)
+        chunk = last - first
+        # (N, OG, K', Ho, Wo, 2) as GridSample's (x, y); sliced at rank 5 (LiteRT's limit)
+        part = b.Concat(*(b.Unsqueeze(b.Slice(point, [first], [last], [2], hint="grid_taps")
+                                      if chunk < taps else point, [5], hint="grid_axis")
+                          for point in reversed(normalized)), axis=5, hint="grid")
+        part = b.Reshape(part, b.Concat(batch, np.asarray([og, -1]), wo, np.asarray([2]),
+                                        axis=0, hint="grid_rows_shape"),
+                         hint="grid_rows")  # (N, OG, K'*Ho, Wo, 2)
+        part = b.Reshape(part, b.Concat(image_count, b.Shape(part, 2, 5), axis=0,
+                                        hint="grid_batch_shape"),
+                         hint="grid_batch")  # (N*OG, K'*Ho, Wo, 2)
+        cols = b.GridSample(images, part, mode="linear", padding_mode="zeros",
+                            align_corners=False, hint="taps")  # (N*OG, C/OG, K'*Ho, Wo)
+        # the same sizes again, read from the images and the grid: TVM gives a dynamic
+        # GridSample's output no shape, and then neither broadcasts nor reshapes it
+        rows_cols = b.Shape(part, 1, 3, hint="grid_sizes")
+        cols = b.Reshape(cols, b.Concat(image_count, np.asarray([channels // og]), rows_cols,
+                                        axis=0, hint="taps_shape"), hint="taps_shaped")
+        if modulation is not None:
+            scale = b.Slice(modulation, [first], [last], [2], hint="modulation_taps") \
+                if chunk < taps else modulation
+            cols = cols * b.Reshape(scale, b.Concat(image_count, np.asarray([1]), rows_cols,
+                                                    axis=0, hint="modulation_shape"),
+                                    hint="modulation_rows")
+        # (N, G, C/G*K', Ho*Wo): channel c = g*C/G + c', tap k, as W (Co, C/G, kH, kW) has them
+        cols = b.Reshape(cols, b.Concat(batch, np.asarray([group, per_group * chunk]),
+                                        out_pixels, axis=0, hint="columns_shape"),
+                         hint="columns")
+        w_part = b.Slice(w_taps, [first], [last], [2], hint="weight_chunk") \
+            if chunk < taps else w_taps
+        w_matrix = b.Reshape(w_part, [group, -1, per_group * chunk], hint="weight_matrix")
+        product = b.MatMul(w_matrix, cols, hint="conv")  # (N, G, Co/G, Ho*Wo)
+        y_out = product if y_out is None else y_out + product
+    assert y_out is not None
     if node.tensor("bias"):
         bias = computed(node.tensor("bias"), "bias")
         y_out = y_out + b.Reshape(bias, [group, -1, 1], hint="bias_groups")

@@ -264,9 +264,10 @@ def check_spelling(spelling: str, conv: Conv, opset: int = 13, atol: float = 1e-
     assert all(n.domain in ("", "ai.onnx") for n in out.graph.node)
     ops = [n.op_type for n in out.graph.node]
     assert not {"DeformConv", "Conv"} & set(ops)
-    # the GridSample form from opset 16 (float16/32), the gathers below it and for float64
+    # the GridSample form from opset 16 (float16/32), the gathers below it and for float64;
+    # sizes are dynamic here, so the form samples one kernel row at a time
     sampler = opset >= 16 and conv.x.dtype != np.float64
-    assert ops.count("GridSample") == (1 if sampler else 0), ops
+    assert ops.count("GridSample") == (conv.weight.shape[2] if sampler else 0), ops
     onnx.checker.check_model(out, full_check=True)
     pattern = DeformConv()
     for c, feed in zip([conv, *conv.more], feeds, strict=True):
@@ -377,6 +378,28 @@ def test_gather_form_where_grid_sample_is_unwanted(how):
                                atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("size, channels, samplers", [(8, 4, 1), (48, 256, 3), (80, 256, 9)])
+def test_grid_sample_form_bounds_its_columns_at_static_sizes(size, channels, samplers):
+    """Static sizes: every tap in one GridSample while the columns (N*C*K*Ho*Wo float32)
+    fit COLUMN_BUDGET (16 MiB), else a kernel row (3 taps), else one tap per GridSample;
+    each way within float32 rounding of torch's float64 result: 1e-5 of the output's scale
+    (a sum of C*K = 2304 products; ORT's own kernel is off by half of that)."""
+    conv = make_conv(np.random.default_rng(size), n=1, c=channels, co=4, h=size, w=size,
+                     kernel=(3, 3))
+    model = native_model(conv, 19, symbolic=False)
+    columns = conv.x.shape[0] * channels * 9 * size * size * 4
+    assert (columns <= 16 << 20) == (samplers == 1)
+    out = decomposer.decompose(model, lower=["DeformConv"])
+    assert [n.op_type for n in out.graph.node].count("GridSample") == samplers
+    feeds = {"x": conv.x, "weight": conv.weight, "offset": conv.offset, "bias": conv.bias,
+             "mask": conv.mask}
+    want = torch_deform_conv(conv)
+    scale = float(np.abs(want).max())
+    np.testing.assert_allclose(run_onnxruntime(out, feeds)[0], want, atol=1e-5 * scale, rtol=0)
+    np.testing.assert_allclose(run_onnxruntime(model, feeds)[0], want, atol=1e-5 * scale,
+                               rtol=0)
+
+
 @pytest.mark.parametrize("size, offset_group", [(64, 1), (48, 4)])
 def test_grid_sample_form_at_deployment_sizes(size, offset_group):
     """Normalized coordinates round at large sizes: still within the float32 tolerance of
@@ -385,7 +408,7 @@ def test_grid_sample_form_at_deployment_sizes(size, offset_group):
                      offset_group=offset_group, spread=4.0)
     model = native_model(conv, 19)
     out = decomposer.decompose(model, lower=["DeformConv"])
-    assert [n.op_type for n in out.graph.node].count("GridSample") == 1
+    assert [n.op_type for n in out.graph.node].count("GridSample") == 3  # a kernel row each
     feeds = {"x": conv.x, "weight": conv.weight, "offset": conv.offset, "bias": conv.bias,
              "mask": conv.mask}
     got = run_onnxruntime(out, feeds)[0]
