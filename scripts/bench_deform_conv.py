@@ -1,6 +1,7 @@
 """Decomposed DeformConv against ONNX Runtime's native DeformConv-19, side by side.
 
-In: ``--rounds R`` (default 11), ``--threads T`` (default 1), ``--json FILE``.
+In: ``--rounds R`` (default 11), ``--threads T`` (default 1), ``--json FILE``, ``--static``
+(static N, H, W instead of dynamic dims).
 Out: per case (N=1, C 64 -> 64, 3x3, pads 1, mask and bias; 64x64 and 128x128 with offset
 groups 1 and 4, a tiny 8x8, and N=2 C 16 -> 16 at 16x16), the median time of each variant
 over interleaved rounds, the median ratio to native, and each session's peak resident memory
@@ -43,8 +44,8 @@ CASES = [(64, 1, 1, 64), (64, 4, 1, 64), (128, 1, 1, 64), (128, 4, 1, 64), (8, 1
          (16, 1, 2, 16)]
 
 
-def case_model(size: int, offset_group: int, opset: int, batch: int = 1, channels: int = 64
-               ) -> tuple[onnx.ModelProto, dict]:
+def case_model(size: int, offset_group: int, opset: int, batch: int = 1, channels: int = 64,
+               static: bool = False) -> tuple[onnx.ModelProto, dict]:
     rng = np.random.default_rng(size * 10 + offset_group)
     taps = 9
     arrays = {
@@ -59,6 +60,7 @@ def case_model(size: int, offset_group: int, opset: int, batch: int = 1, channel
                                                           "h", "w"],
                "mask": ["N", offset_group * taps, "h", "w"]}
     inputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT,
+                                            list(array.shape) if static else
                                             dynamic.get(name, list(array.shape)))
               for name, array in arrays.items()]
     node = helper.make_node("DeformConv", list(arrays), ["y"], pads=[1, 1, 1, 1],
@@ -120,10 +122,10 @@ class Naive(DeformConv):
         b.Transpose(y_out, [0, 3, 1, 2], out=node.outputs[0])
 
 
-def variants(size: int, offset_group: int, batch: int, channels: int
+def variants(size: int, offset_group: int, batch: int, channels: int, static: bool = False
              ) -> dict[str, onnx.ModelProto]:
-    native, _ = case_model(size, offset_group, 19, batch, channels)
-    below, _ = case_model(size, offset_group, 18, batch, channels)
+    native, _ = case_model(size, offset_group, 19, batch, channels, static)
+    below, _ = case_model(size, offset_group, 18, batch, channels, static)
     found = {"native": native, "decomposed": decomposer.decompose(below),
              "gathers": decomposer.decompose(below, lower=["GridSample"])}
     if offset_group == 1:
@@ -173,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--static", action="store_true",
+                        help="static N, H, W (the pattern then sizes its GridSample chunks by "
+                             "the columns; default: dynamic dims, a kernel row at a time)")
     args = parser.parse_args(argv)
     rows = []
     print(f"DeformConv, C -> C, 3x3, ORT {args.threads} thread(s), {args.rounds} interleaved "
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'ratio':>6} {'gathers':>8} {'naive ms':>9} {'ours/naive':>10} {'native MiB':>11} "
           f"{'ours MiB':>9} {'gathers MiB':>11}")
     for size, offset_group, batch, channels in CASES:
-        models = variants(size, offset_group, batch, channels)
+        models = variants(size, offset_group, batch, channels, args.static)
         _, feeds = case_model(size, offset_group, 19, batch, channels)
         runners = {name: OrtRunner(model, feeds, args.threads)
                    for name, model in models.items()}
