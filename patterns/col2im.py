@@ -1,5 +1,5 @@
-"""Col2Im (ONNX opset 18) as strided placement and Add of each kernel offset's patch, for
-targets below 18.
+"""Col2Im (ONNX opset 18) as a ConvTranspose with a one-hot weight (float32), or as strided
+placement and Add of each kernel offset's patch (float64), for targets below 18.
 
 Matches ``Col2Im(input, image_shape, block_shape; dilations, pads, strides)`` in any custom
 domain, and in the default domain below opset 18 (``--target-opset``). Semantics are ONNX's
@@ -8,15 +8,29 @@ of every sliding block (``L`` blocks, the count per spatial dim ``b_i = (image_i
 pad_begin_i + pad_end_i - dilation_i * (k_i - 1) - 1) // stride_i + 1``); each column is
 added back into a ``(N, C, *image_shape)`` image at its block's position, overlaps summed.
 
-Before -> after (k = block_shape, for each kernel offset j)::
+Before -> after, float32 (float16 computed in float32, rounded once)::
+
+    x = Reshape(input, (N*C, K, b_1, .., b_d))
+    image = Reshape(ConvTranspose(x, W; strides, dilations, pads, output_padding),
+                    (N, C, *image_shape))
+    # W (K, 1, *block_shape): W[j, 0, offset j] = 1; output_padding = the image's last
+    # partial stride, (image_i + pads_i - d_i * (k_i - 1) - 1) mod s_i
+
+ConvTranspose is the adjoint of im2col: ONNX Runtime computes it as a GEMM (here a copy of
+each entry: one product by 1 and zeros) and its col2im, which adds the columns back in
+kernel-offset order, as its Col2Im kernel does. Finite values are exact (bit for bit
+ONNX Runtime's Col2Im on 2-D and 3-D images); an inf or NaN entry also makes NaN the other
+pixels its block covers (0 * inf in the GEMM), where Col2Im puts it at its own pixel only.
+
+Float64 (ONNX Runtime has no float64 ConvTranspose), for each kernel offset j::
 
     x = Reshape(input, (N, C, K, b_1, .., b_d));  patch_j = Split(x, K pieces)[j]
     placed_j = Pad(stride-spaced patch_j, at j_i * dilation_i)   # the padded image's size
     image = Sum(placed_0, .., placed_{K-1}), then the pads cut off
 
-Every value is an input value or a sum of them; the zeros placed around a patch are added,
-never multiplied, so inf and NaN travel as in the reference. The sums run over kernel
-offsets in order.
+There every value is an input value or a sum of them; the zeros placed around a patch are
+added, never multiplied, so inf and NaN travel as in the reference. The sums run over
+kernel offsets in order.
 
 Envelope: opsets 11+; float16/32/64; 1-D to 3-D images; ``image_shape`` and ``block_shape``
 constants; the input's second dim static; N dynamic.
@@ -28,7 +42,7 @@ import itertools
 from typing import Any, NamedTuple
 
 import numpy as np
-from onnx import TensorProto
+from onnx import TensorProto, numpy_helper
 
 from decomposer.builder import Builder, Value
 from decomposer.checks import require_shape, require_type
@@ -109,6 +123,9 @@ class Col2Im(Pattern[Facts]):
         dtype = compute.dtype
         x = compute.read("input")
         assert x is not None
+        if dtype == np.float32:
+            compute.write(_transposed_convolution(b, x, facts), node.outputs[0])
+            return
         d = len(facts.image)
         offsets_all = list(itertools.product(*(range(k) for k in facts.kernel)))
         # (N, C, K, b_1, .., b_d), the K kernel offsets split apart in one pass
@@ -154,6 +171,31 @@ class Col2Im(Pattern[Facts]):
         return [col2im_reference(x, tuple(int(v) for v in image), tuple(int(v) for v in kernel),
                                  tuple(args["dilations"]), tuple(args["pads"]),
                                  tuple(args["strides"]))]
+
+
+def _transposed_convolution(b: Builder, x: Value, facts: Facts) -> Value:
+    """Col2Im as ONNX Runtime computes it inside ConvTranspose: the columns of each channel
+    as a (K, b_1, .., b_d) image, a ConvTranspose whose weight is one-hot per kernel offset
+    (the GEMM copies each column entry, exact for finite values; its col2im then adds them
+    back in kernel-offset order), output_padding for the image's last partial stride."""
+    d = len(facts.image)
+    taps = int(np.prod(facts.kernel))
+    one_hot = np.zeros((taps, 1, *facts.kernel), np.float32)
+    for tap, offsets in enumerate(itertools.product(*(range(k) for k in facts.kernel))):
+        one_hot[(tap, 0, *offsets)] = 1
+    covered = [(facts.blocks[i] - 1) * facts.strides[i]
+               + facts.dilations[i] * (facts.kernel[i] - 1) + 1 for i in range(d)]
+    padding = [facts.image[i] + facts.pads[i] + facts.pads[d + i] - covered[i]
+               for i in range(d)]
+    per_channel = b.Reshape(x, np.array([-1, taps, *facts.blocks], np.int64),
+                            hint="channel_blocks")  # (N*C, K, b_1, .., b_d)
+    placed = b.op("ConvTranspose", per_channel,
+                  b.weight(numpy_helper.from_array(one_hot), hint="offsets"),
+                  dilations=list(facts.dilations), pads=list(facts.pads),
+                  strides=list(facts.strides), output_padding=padding,
+                  kernel_shape=list(facts.kernel), hint="placed", dtype=np.dtype(np.float32))
+    return b.Reshape(placed, np.array([-1, facts.channels, *facts.image], np.int64),
+                     hint="image")
 
 
 def _spread(b: Builder, x: Value, axis: int, rank: int, count: int, stride: int,

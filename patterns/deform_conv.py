@@ -31,7 +31,8 @@ Two forms, the same arithmetic (the bilinear rule of :mod:`._sampling`):
 
 - **GridSample form** (opset 16+, X float16/32; the default): every tap's sample point
   normalized as GridSample reads it with ``align_corners=0`` (``g = (2u + 1) / size - 1``;
-  NaN and far points to -3, outside like any point beyond ``1 + 1/size``), the offset
+  a point at or past -1 or the size, and NaN, to -4: zeros, as the definition has them
+  exactly rather than a rounded weight on the border pixel), the offset
   groups folded into the batch, one ``GridSample(bilinear, zeros, align_corners=0)`` (ONNX
   Runtime's fast path), the mask, one batched ``MatMul``::
 
@@ -41,9 +42,14 @@ Two forms, the same arithmetic (the bilinear rule of :mod:`._sampling`):
                                                          # (N*OG, C/OG, K*Ho, Wo)
             Y    = Reshape(MatMul(W (G, Co/G, C/G*K), cols (N, G, C/G*K, Ho*Wo)) + B)
 
-  The columns are written once, as im2col's (C*K*Ho*Wo elements), so peak memory is about
-  twice the native kernel's. The normalized coordinate rounds once more than the pixel
-  coordinate (float32: a few 1e-6 of a pixel at 128 pixels).
+  With a static H and W the image is first zero-padded (below, right) to powers of two,
+  over which the normalized coordinate of every integer and half-integer pixel is exact
+  (a tap on a pixel puts no weight on its neighbour); with dynamic sizes it may put about
+  1e-7 there, and any other coordinate rounds once more than the pixel coordinate
+  (float32: a few 1e-6 of a pixel at 128 pixels). The columns (C*K*Ho*Wo elements, as
+  im2col's) are sampled a kernel row of taps at a time with dynamic sizes or where all of
+  them would exceed ``COLUMN_BUDGET``, so peak memory stays near the native kernel's, and
+  each row's MatMul is added to the output.
 - **Gather form** (below opset 16, float64, ``--lower GridSample``, an engine target that
   lacks GridSample, and every TensorRT target: TensorRT 10.14/11.1 miscompile
   GridSample-based deformable sampling, NVIDIA/TensorRT#4813)::
@@ -86,7 +92,7 @@ from decomposer.examples import TRUE, Example, F, i64
 from decomposer.forms import Attr, Const, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from ._sampling import bilinear_sample, bilinear_zeros_reference, finite, positions, quad_rows
+from ._sampling import bilinear_sample, bilinear_zeros_reference, positions, quad_rows
 
 
 class Facts(NamedTuple):
@@ -102,6 +108,8 @@ class Facts(NamedTuple):
     # sample with ONNX GridSample (opset 16+, float) rather than the quad-table gathers
     grid_sample: bool = False
     chunk_taps: int = 0  # GridSample form: kernel taps sampled and multiplied at a time
+    # GridSample form with a static H, W: ((H, W), the powers of two it is zero-padded to)
+    sampled_sizes: tuple[tuple[int, int], tuple[int, int]] | None = None
 
 
 # The GridSample form's columns (N*C*K*Ho*Wo float32) beyond which it samples the kernel a
@@ -421,7 +429,7 @@ class DeformConv(Pattern[Facts]):
         return Facts(elem_type, compute, channels, kernel, tuple(strides),
                      tuple(args["pads"][:2]), tuple(dilations), group, offset_group,
                      grid_sample, _chunk_taps(x_shape, o_shape, channels, kernel)
-                     if grid_sample else 0)
+                     if grid_sample else 0, _powers_of_two(x_shape) if grid_sample else None)
 
     def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
         if facts.grid_sample:
@@ -471,6 +479,26 @@ def _samples_with_grid_sample(ctx: MatchContext, compute_type: int) -> bool:
     return (ctx.opset >= 16 and compute_type == TensorProto.FLOAT
             and "GridSample" not in ctx.avoid
             and not any(engine.startswith("tensorrt") for engine in ctx.engines))
+
+
+def _entry(b: Builder, values: Value | np.ndarray, index: int, hint: str) -> Value | np.ndarray:
+    """Entry ``index`` of a (2,) vector, as a (1,) constant or a Gather."""
+    if isinstance(values, np.ndarray):
+        return values[index:index + 1]
+    return b.Gather(values, [index], axis=0, hint=hint)
+
+
+def _powers_of_two(x_shape: Any) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """With a static H and W, the powers of two at or above them: over an image of such a
+    size, GridSample's normalized coordinates are exact for every integer and half-integer
+    pixel, so a tap on a pixel puts no rounded weight on its neighbour (ONNX's backend case
+    ``test_basic_deform_conv_with_padding`` expects exact zeros there). Dynamic sizes stay
+    as they are (a computed Pad is a TVM gap): there a tap on a pixel may put a weight of
+    about 1e-7 on its neighbour."""
+    height, width = x_shape[2:] if x_shape else (None, None)
+    if not (isinstance(height, int) and isinstance(width, int) and height > 0 and width > 0):
+        return None
+    return (height, width), (1 << (height - 1).bit_length(), 1 << (width - 1).bit_length())
 
 
 def _chunk_taps(x_shape: Any, o_shape: Any, channels: int, kernel: tuple[int, int]) -> int:
@@ -662,9 +690,22 @@ def build_deform_conv_grid_sample(b: Builder, node: MatchedNode, facts: Facts) -
     out_sizes = b.Shape(offset, 2, 4, hint="out_sizes")  # Ho, Wo
     batch = b.Shape(x, 0, 1, hint="batch_size")
     image_sizes = b.Cast(b.Shape(x, 2, 4, hint="image_sizes"), dtype, hint="image_sizes_f")
+    sampled: Value | np.ndarray = image_sizes  # the sizes GridSample normalizes by
+    if facts.sampled_sizes is not None:  # static H, W: zeros below and right, to powers of 2
+        (height, width), (high, wide) = facts.sampled_sizes
+        sampled = np.asarray([high, wide], dtype)
+        if (high, wide) != (height, width):
+            x = b.Pad(x, [0, 0, 0, 0, 0, 0, high - height, wide - width], np.asarray(0, dtype),
+                      hint="image_pow2")
     # GridSample (align_corners=0) reads pixel u at g = (2u + 1) / size - 1: g = u * a + c
-    step = b.Div(np.asarray(2, dtype), image_sizes, hint="steps")  # (2,): 2/H, 2/W
-    shift = b.Div(np.asarray(1, dtype), image_sizes, hint="shifts") - np.asarray(1, dtype)
+    step: Value | np.ndarray
+    shift: Value | np.ndarray
+    if isinstance(sampled, np.ndarray):  # powers of two: 2/P, 1/P - 1 are exact
+        step, shift = (np.asarray(2, dtype) / sampled).astype(dtype), \
+            (np.asarray(1, dtype) / sampled - np.asarray(1, dtype)).astype(dtype)
+    else:
+        step = b.Div(np.asarray(2, dtype), sampled, hint="steps")  # (2,): 2/H, 2/W
+        shift = b.Div(np.asarray(1, dtype), sampled, hint="shifts") - np.asarray(1, dtype)
     (sh, sw), (pt, pl), (dh, dw) = facts.strides, facts.pads, facts.dilations
     rows_h, cols_w = (positions(b, out_sizes, axis, dtype, hint=f"out_{name}")
                       for axis, name in enumerate("yx"))  # (Ho, Wo) each
@@ -675,18 +716,20 @@ def build_deform_conv_grid_sample(b: Builder, node: MatchedNode, facts: Facts) -
     normalized = []
     for axis, (name, rows, stride, pad, tap) in enumerate(
             (("y", rows_h, sh, pt, tap_y), ("x", cols_w, sw, pl, tap_x))):
-        scale = b.Gather(step, [axis], axis=0, hint=f"step_{name}")
-        # (K, Ho, Wo): the tap's point without offset, normalized
-        base = (b.Unsqueeze(rows * float(stride) - float(pad), [0], hint=f"base_{name}")
-                + tap) * scale + b.Gather(shift, [axis], axis=0, hint=f"shift_{name}")
+        # (K, Ho, Wo): the tap's pixel coordinate without offset
+        base = b.Unsqueeze(rows * float(stride) - float(pad), [0], hint=f"base_{name}") + tap
         # offset (N, OG*K*2, Ho, Wo): dy at channel (g*K + k)*2, dx at +1
         delta = b.Slice(offset, [axis], [2**62], [1], [2], hint=f"offset_{name}")
-        point = b.Reshape(delta, per_point_shape, hint=f"d{name}") * scale + base
-        # NaN and every far point -> -3, which samples zeros like any point outside
-        # (|g| > 1 + 1/size is outside the image)
-        normalized.append(b.Clip(finite(b, point, np.asarray(-3, dtype)),
-                                 np.asarray(-3, dtype), np.asarray(3, dtype),
-                                 hint=f"grid_{name}"))  # (N, OG, K, Ho, Wo)
+        point = b.Reshape(delta, per_point_shape, hint=f"d{name}") + base  # (N, OG, K, Ho, Wo)
+        # A point at or beyond -1 or the size samples zeros: it goes to -4, far outside,
+        # where a normalized -1 - 1/size would round back to just inside the border
+        # pixel; NaN fails both tests and goes there too.
+        size = b.Gather(image_sizes, [axis], axis=0, hint=f"size_{name}")
+        inside = b.And(b.Greater(point, np.asarray(-1, dtype)), b.Less(point, size),
+                       hint=f"inside_{name}")
+        point = b.Where(inside, point, np.asarray(-4, dtype), hint=f"point_{name}")
+        normalized.append(point * _entry(b, step, axis, f"step_{name}")
+                          + _entry(b, shift, axis, f"shift_{name}"))
     wo = b.Shape(offset, 3, 4, hint="out_width")  # a Shape slice (TVM folds no Gather)
     images = x
     if og > 1:  # offset group g's channels as an image of its own: batch n*OG + g

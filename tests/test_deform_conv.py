@@ -400,6 +400,28 @@ def test_grid_sample_form_bounds_its_columns_at_static_sizes(size, channels, sam
                                rtol=0)
 
 
+def test_grid_sample_form_puts_no_weight_across_a_pixel_at_static_sizes():
+    """Taps on whole pixels (integer offsets) next to the zero border: where ONNX Runtime's
+    DeformConv-19 gives an exact 0, so does the GridSample form (its image is padded to
+    powers of two, where the normalized coordinates round trip exactly)."""
+    rng = np.random.default_rng(3)
+    conv = make_conv(rng, n=1, c=2, co=2, h=3, w=6, pads=(1, 1, 1, 1), spread=0.0)
+    conv.x = np.zeros_like(conv.x)
+    conv.x[..., 1, 1] = 5  # one pixel: a tap on its neighbour must put no weight on it
+    conv.offset = rng.integers(-1, 2, conv.offset.shape).astype(np.float32)
+    conv.mask = np.ones_like(conv.mask)
+    conv.weight = np.abs(conv.weight)
+    conv.bias = None
+    model = native_model(conv, 19, symbolic=False)
+    out = decomposer.decompose(model, lower=["DeformConv"])
+    assert [n.op_type for n in out.graph.node].count("GridSample") == 1
+    feeds = {"x": conv.x, "weight": conv.weight, "offset": conv.offset, "mask": conv.mask}
+    got, native = run_onnxruntime(out, feeds)[0], run_onnxruntime(model, feeds)[0]
+    zeros = native == 0
+    assert zeros.any() and (got[zeros] == 0).all()
+    np.testing.assert_allclose(got, native, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("size, offset_group", [(64, 1), (48, 4)])
 def test_grid_sample_form_at_deployment_sizes(size, offset_group):
     """Normalized coordinates round at large sizes: still within the float32 tolerance of
