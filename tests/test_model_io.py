@@ -287,6 +287,7 @@ def test_written_files_get_normal_permissions(tmp_path):
     assert out.stat().st_mode & 0o777 == 0o666 & ~mask
 
 
+@pytest.mark.exhaustive  # writes and reads 2 GiB (14 s here); .ci/run runs it
 def test_over_2gib_of_external_weights(tmp_path):
     # A sparse 2.1 GiB weight file: the graph stays tiny, weights are streamed, never loaded.
     size = 2**31 + 2**26

@@ -14,6 +14,7 @@ pass ``decomposer.portability.violations`` (the checked portability rules).
 from __future__ import annotations
 
 import sys
+import zlib
 from typing import Any
 
 import numpy as np
@@ -42,13 +43,15 @@ from decomposer.portability import violations
 
 def _sampled(case_id: str, engine: str, static: bool, *values: Any, id: str,
              opset_end: bool = False) -> Any:
-    """A pytest param of (case_id, *values). The default run keeps TVM (static) for each
-    pattern's representative case, and its opset ends on OpenVINO; TVM's dynamic runs, TVM
-    at the opset ends and every other case's TVM and opset-end runs are marked exhaustive
-    (``.ci/run`` runs them)."""
+    """A pytest param of (case_id, *values). The default run keeps each pattern's
+    representative case on OpenVINO at its opset ends, and on TVM (static) for a third of
+    those cases, fixed by the case id's CRC (TVM compiles for 1-5 s a cell); TVM's dynamic
+    runs, TVM at the opset ends, the other representative cases' TVM runs and every other
+    case's TVM and opset-end runs are marked exhaustive (``.ci/run`` runs them)."""
     representative = case_id in representative_ids()
+    tvm_sample = zlib.crc32(case_id.encode()) % 3 == 0
     sampled_out = (not representative and (engine == "tvm" or opset_end)) or \
-        (engine == "tvm" and (not static or opset_end))
+        (engine == "tvm" and (not static or opset_end or not tvm_sample))
     return pytest.param(case_id, *values, marks=[pytest.mark.exhaustive] if sampled_out
                         else [], id=id)
 
