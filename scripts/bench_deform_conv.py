@@ -3,7 +3,8 @@
 In: ``--rounds R`` (default 11), ``--threads T`` (default 1), ``--json FILE``, ``--static``
 (static N, H, W instead of dynamic dims).
 Out: per case (N=1, C 64 -> 64, 3x3, pads 1, mask and bias; 64x64 and 128x128 with offset
-groups 1 and 4, a tiny 8x8, and N=2 C 16 -> 16 at 16x16), the median time of each variant
+groups 1 and 4, a tiny 8x8, N=2 C 16 -> 16 at 16x16, and 100x100: with static sizes its
+image is padded to 128x128 first), the median time of each variant
 over interleaved rounds, the median ratio to native, and each session's peak resident memory
 growth (run in a fresh subprocess per variant, so one's allocations do not hide the
 other's). The variants: ONNX Runtime's DeformConv-19; the decomposition at opset 18 (its
@@ -41,7 +42,7 @@ from benchlib import OrtRunner, interleaved_rounds, time_calls  # noqa: E402
 
 # (size, offset groups, batch, channels)
 CASES = [(64, 1, 1, 64), (64, 4, 1, 64), (128, 1, 1, 64), (128, 4, 1, 64), (8, 1, 1, 64),
-         (16, 1, 2, 16)]
+         (16, 1, 2, 16), (100, 1, 1, 64)]
 
 
 def case_model(size: int, offset_group: int, opset: int, batch: int = 1, channels: int = 64,
