@@ -81,6 +81,7 @@ docs/performance.md.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -563,6 +564,33 @@ def _check_channels(label: str, name: str, shape: Any, expected: int, why: str) 
 # -- the decomposition --------------------------------------------------------------------
 
 
+def _reader(b: Builder, facts: Facts) -> Callable[[str, str], Value]:
+    """Reads an input of the node's type in the computation type (float16 -> float32)."""
+    dtype = numpy_dtype(facts.compute_type)
+
+    def computed(name: str, hint: str) -> Value:
+        value = b.input(name, numpy_dtype(facts.elem_type))
+        return b.Cast(value, dtype, hint=f"{hint}_compute") \
+            if facts.elem_type != facts.compute_type else value
+    return computed
+
+
+def _sampling_inputs(b: Builder, node: MatchedNode, facts: Facts,
+                     computed: Callable[[str, str], Value]
+                     ) -> tuple[Value, Value, Value | None]:
+    """(x, offset, mask or None), each in the computation type; DCNv2_TRT's offset-and-mask
+    input split into the offset and the sigmoid of the mask logits."""
+    x = computed(node.tensor("x"), "x")
+    offset = computed(_offset(node), "offset")
+    mask: Value | None = computed(_mask(node), "mask") if _mask(node) else None
+    if node.tensor("offset_mask"):  # channels [0, 2*OG*K): offset; the rest: mask logits
+        count = facts.offset_group * facts.kernel[0] * facts.kernel[1]
+        mask = b.Sigmoid(b.Slice(offset, [2 * count], [3 * count], [1], hint="mask_logits"),
+                         hint="mask_sigmoid")
+        offset = b.Slice(offset, [0], [2 * count], [1], hint="offset_part")
+    return x, offset, mask
+
+
 def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
     dtype = numpy_dtype(facts.compute_type)
     narrow = facts.elem_type != facts.compute_type
@@ -570,17 +598,8 @@ def build_deform_conv(b: Builder, node: MatchedNode, facts: Facts) -> None:
     taps = kh * kw
     og, group, channels = facts.offset_group, facts.group, facts.channels
 
-    def computed(name: str, hint: str) -> Value:
-        value = b.input(name, numpy_dtype(facts.elem_type))
-        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
-
-    x = computed(node.tensor("x"), "x")
-    offset = computed(_offset(node), "offset")
-    mask: Value | None = computed(_mask(node), "mask") if _mask(node) else None
-    if node.tensor("offset_mask"):  # channels [0, 2*OG*K): offset; the rest: mask logits
-        mask = b.Sigmoid(b.Slice(offset, [2 * og * taps], [3 * og * taps], [1],
-                                 hint="mask_logits"), hint="mask_sigmoid")
-        offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
+    computed = _reader(b, facts)
+    x, offset, mask = _sampling_inputs(b, node, facts, computed)
     image = quad_rows(b, x, channels, og, dtype)
 
     # Sample points: (N, OG, K, Ho, Wo); every shape is the offset's own dims or a constant
@@ -675,17 +694,8 @@ def build_deform_conv_grid_sample(b: Builder, node: MatchedNode, facts: Facts) -
     taps = kh * kw
     og, group, channels = facts.offset_group, facts.group, facts.channels
 
-    def computed(name: str, hint: str) -> Value:
-        value = b.input(name, numpy_dtype(facts.elem_type))
-        return b.Cast(value, dtype, hint=f"{hint}_compute") if narrow else value
-
-    x = computed(node.tensor("x"), "x")
-    offset = computed(_offset(node), "offset")
-    mask: Value | None = computed(_mask(node), "mask") if _mask(node) else None
-    if node.tensor("offset_mask"):  # channels [0, 2*OG*K): offset; the rest: mask logits
-        mask = b.Sigmoid(b.Slice(offset, [2 * og * taps], [3 * og * taps], [1],
-                                 hint="mask_logits"), hint="mask_sigmoid")
-        offset = b.Slice(offset, [0], [2 * og * taps], [1], hint="offset_part")
+    computed = _reader(b, facts)
+    x, offset, mask = _sampling_inputs(b, node, facts, computed)
 
     out_sizes = b.Shape(offset, 2, 4, hint="out_sizes")  # Ho, Wo
     batch = b.Shape(x, 0, 1, hint="batch_size")
