@@ -2,14 +2,16 @@
 
 In: one model per lowering, at typical sizes: LSTM (a voice-activity detector's: sequence
 64, batch 1, input 64, hidden 64; and a bidirectional one, sequence 32, batch 4, input 32,
-hidden 128), IsNaN on an activation (1 x 64 x 56 x 56) and antialiased Resize (torch's
+hidden 128), the same two LSTMs through ``onnxruntime.quantization.quantize_dynamic``
+(com.microsoft DynamicQuantizeLSTM, decomposed under the default target), IsNaN on an
+activation (1 x 64 x 56 x 56) and antialiased Resize (torch's
 export: sizes, exclude_outside=1; 1 x 3 x 448 x 448 -> 224 x 224, and 1 x 64 x 128 x 128 ->
 64 x 64). Each op feeds one more node, as in a model.
 Out: per case, the median time of the lowered model over the native one (ONNX Runtime 1.32
 CPU, 1 thread, spinning off, interleaved rounds in shuffled order) and the largest
 difference between their outputs.
 
-    python scripts/bench_lowerings.py [--rounds 15]
+    python scripts/bench_lowerings.py [--rounds 15] [--cases SUBSTRING]
 """
 
 from __future__ import annotations
@@ -47,6 +49,25 @@ def _lstm(steps: int, batch: int, features: int, hidden: int, direction: str):
         ["LSTM"]
 
 
+def _quantized_lstm(steps: int, batch: int, features: int, hidden: int, direction: str):
+    """The LSTM above as ONNX Runtime's quantize_dynamic writes it (DynamicQuantizeLSTM,
+    per-tensor uint8/int8 weights): what a user brings from ORT's quantization tools."""
+    import os
+    import tempfile
+
+    import onnx
+    from onnxruntime.quantization import quantize_dynamic
+
+    model, feeds, _ = _lstm(steps, batch, features, hidden, direction)
+    with tempfile.TemporaryDirectory() as folder:
+        source, target = os.path.join(folder, "f.onnx"), os.path.join(folder, "q.onnx")
+        onnx.save(model, source)
+        quantize_dynamic(source, target, op_types_to_quantize=["LSTM"])
+        quantized = onnx.load(target)
+    assert any(n.op_type == "DynamicQuantizeLSTM" for n in quantized.graph.node)
+    return quantized, feeds, []
+
+
 def _is_nan():
     nodes = [helper.make_node("IsNaN", ["x"], ["m"]), helper.make_node("Not", ["m"], ["y"])]
     graph = helper.make_graph(
@@ -76,16 +97,22 @@ CASES = {
     "LSTM 64 steps, 1 x 64 -> 64": lambda: _lstm(64, 1, 64, 64, "forward"),
     "LSTM bidirectional 32 steps, 4 x 32 -> 128": lambda: _lstm(32, 4, 32, 128,
                                                                 "bidirectional"),
+    "DynamicQuantizeLSTM 64 steps, 1 x 64 -> 64": lambda: _quantized_lstm(
+        64, 1, 64, 64, "forward"),
+    "DynamicQuantizeLSTM bidirectional 32 steps, 4 x 32 -> 128": lambda: _quantized_lstm(
+        32, 4, 32, 128, "bidirectional"),
     "IsNaN 1x64x56x56": _is_nan,
     "Resize antialias 1x3x448^2 -> 224^2": lambda: _resize(3, 448),
     "Resize antialias 1x64x128^2 -> 64^2": lambda: _resize(64, 128),
 }
 
 
-def measure(rounds: int) -> list[str]:
+def measure(rounds: int, only: str = "") -> list[str]:
     rows = ["| case | lowered / native (median) | rounds | max abs difference |",
             "|---|---|---|---|"]
     for name, build in CASES.items():
+        if only not in name:
+            continue
         model, feeds, lower = build()
         out = decomposer.decompose(model, lower=lower)
         native, lowered = OrtRunner(model, feeds, threads=1), OrtRunner(out, feeds, threads=1)
@@ -102,8 +129,9 @@ def measure(rounds: int) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--cases", default="", help="only the cases whose name holds this")
     args = parser.parse_args(argv)
-    print("\n".join(measure(args.rounds)))
+    print("\n".join(measure(args.rounds, args.cases)))
     return 0
 
 
