@@ -22,6 +22,7 @@ compute the same values. Before -> after::
     ReorderOutput(x; channels)   ->  Slice(x, channels [0, channels))  [Transpose if NHWC]
     nchwc.Conv(x, W, B, Sum)     ->  act(Conv(x, unblock(W), B) + Sum)
     nchwc pools                  ->  the ONNX pools, same attributes
+    nchwc.Upsample(x; scales)    ->  Resize(x, scales)
 
 B is this machine's NCHWc block size, which ONNX Runtime picks for the CPU it runs on (16
 with AVX-512, 8 with AVX2) and writes into the saved model: it is read by running one
@@ -30,8 +31,11 @@ valid where it was saved (ONNX Runtime warns so). The unblocked weights equal th
 (the reorder moves values); the Conv sums in the standard kernel's order, so the outputs
 agree with ONNX Runtime's nchwc kernels to float rounding (checked against them).
 
-Refused with the reason: nchwc ``Upsample``, dynamic channel counts, weights computed at
-run time, an unknown activation.
+- ``Upsample(X; scales, mode, coordinate_transformation_mode)``: ONNX's Resize with those
+  integer scales (nearest: the kernel's floor(y / scale)).
+
+Refused with the reason: dynamic channel counts, weights computed at run time, an unknown
+activation, Upsample scales other than [1, 1, sh, sw].
 
 Envelope: opsets 11+ (float32); 4-D tensors; the batch and spatial dims dynamic.
 """
@@ -298,5 +302,51 @@ class GlobalAveragePool(_Pool):
     examples = (Example((("x", F, ("N", 16, 6, 6)),), domains=(("com.microsoft.nchwc", 17),)),)
 
 
+class Upsample(_Nchwc):
+    """``Upsample(X; scales, mode, coordinate_transformation_mode)``: what the NCHWc
+    transformer makes of a Resize with integer scales (a CNN's bilinear upsampling; ORT
+    1.32 leaves a nearest Resize standard). Its schema's defaults: mode ``nearest``,
+    ``asymmetric``. -> ``Resize`` with those scales: linear with the same coordinate mode;
+    nearest as the kernel computes it (input pixel ``floor(y / scale)``): asymmetric with
+    ``nearest_mode=floor``."""
+
+    op_type = "Upsample"
+    forms = (Form("Upsample", domains=NCHWC, inputs=(In("X"),), attributes={
+        "scales": Attr("ints"),
+        "mode": Attr("string", default="nearest", choices=("nearest", "linear")),
+        "coordinate_transformation_mode": Attr(
+            "string", default="asymmetric",
+            choices=("asymmetric", "half_pixel", "pytorch_half_pixel", "align_corners"))}),)
+    examples = (Example((("x", F, ("N", 16, 5, 6)),),
+                        attrs={"scales": [1, 1, 2, 3], "mode": "linear",
+                               "coordinate_transformation_mode": "half_pixel"},
+                        domains=(("com.microsoft.nchwc", 17),)),
+                Example((("x", F, ("N", 16, 5, 6)),), attrs={"scales": [1, 1, 2, 2]},
+                        domains=(("com.microsoft.nchwc", 11),)))
+
+    def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
+        require_type(ctx, node.tensor("X"), "X", (TensorProto.FLOAT,))
+        scales = [int(v) for v in node.args["scales"]]
+        if len(scales) != 4 or scales[:2] != [1, 1] or min(scales) < 1 or max(scales) > 1024:
+            raise Reject(f"scales must be [1, 1, sh, sw] with integer factors from 1 to 1024, "
+                         f"got {scales}")
+        return Facts(4)
+
+    def build(self, b: Builder, node: MatchedNode, facts: Facts) -> None:
+        mode = str(node.args["mode"])
+        attributes: dict[str, Any] = {"mode": mode}
+        if mode == "nearest":
+            attributes.update(coordinate_transformation_mode="asymmetric",
+                              nearest_mode="floor")
+        else:
+            attributes["coordinate_transformation_mode"] = str(
+                node.args["coordinate_transformation_mode"])
+        scales = np.asarray(node.args["scales"], np.float32)
+        # Resize-11/12 take roi as an input (an empty tensor); from 13 it may be absent
+        roi = "" if b.opset >= 13 else b.const(np.zeros(0, np.float32), hint="roi")
+        b.op("Resize", node.tensor("X"), roi, b.const(scales, hint="scales"),
+             hint="upsampled", out=node.outputs[0], dtype=np.float32, **attributes)
+
+
 PATTERNS = [ReorderInput(), ReorderOutput(), Conv(), MaxPool(), AveragePool(),
-            GlobalAveragePool()]
+            GlobalAveragePool(), Upsample()]

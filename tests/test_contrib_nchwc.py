@@ -111,3 +111,81 @@ def test_a_run_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     decomposer.decompose(model)
     assert list(work.iterdir()) == []
+
+
+class Upsampling(torch.nn.Module):
+    """A segmentation/FPN head's upsampling between Convs, as ORT's NCHWc transformer turns
+    it into com.microsoft.nchwc Upsample."""
+
+    def __init__(self, align_corners: bool) -> None:
+        super().__init__()
+        self.a = torch.nn.Conv2d(3, 20, 3, padding=1)
+        self.b = torch.nn.Conv2d(20, 8, 3, padding=1)
+        self.align_corners = align_corners
+
+    def forward(self, x):
+        a = torch.relu(self.a(x))
+        up = torch.nn.functional.interpolate(a, scale_factor=(2, 3), mode="bilinear",
+                                             align_corners=self.align_corners)
+        return self.b(up)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_upsample_equals_the_nchwc_kernel_and_torch(tmp_path, align_corners):
+    torch.manual_seed(5)
+    net = Upsampling(align_corners).eval()
+    source, target = tmp_path / "float.onnx", tmp_path / "all.onnx"
+    torch.onnx.export(net, (torch.randn(1, 3, 7, 9),), str(source), opset_version=13,
+                      dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    model = onnx.load(str(target))
+    upsample = [n for n in model.graph.node if n.op_type == "Upsample"]
+    assert [n.domain for n in upsample] == ["com.microsoft.nchwc"]
+    out = decomposer.decompose(model)
+    onnx.checker.check_model(out, full_check=True)
+    assert {n.domain for n in out.graph.node} <= {""}
+    assert "Resize" in {n.op_type for n in out.graph.node}
+    rng = np.random.default_rng(6)
+    for batch in (2, 1):
+        x = rng.standard_normal((batch, 3, 7, 9)).astype(np.float32)
+        got = _run(out, {"x": x})
+        np.testing.assert_allclose(got, _run(model, {"x": x}), rtol=1e-5, atol=1e-5)
+        with torch.no_grad():
+            want = net(torch.from_numpy(x)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for engine in ("openvino", "tvm"):
+            if engines.available(engine):
+                (there,) = engines.run_model(engine, out, {"x": x})
+                np.testing.assert_allclose(there, want, rtol=1e-4, atol=1e-4, err_msg=engine)
+
+
+@pytest.mark.parametrize("opset", [11, 17])
+def test_nearest_upsample_equals_the_nchwc_kernel(opset):
+    """Nearest (the schema's default mode, which ORT 1.32's transformer does not write from
+    a Resize, so the node is written here): input pixel floor(y / scale), against ONNX
+    Runtime's own nchwc Upsample kernel between a ReorderInput and a ReorderOutput (12
+    channels: its ReorderInput takes multiples of 4, padded to the block size)."""
+    nodes = [onnx.helper.make_node("ReorderInput", ["x"], ["blocked"],
+                                   domain="com.microsoft.nchwc"),
+             onnx.helper.make_node("Upsample", ["blocked"], ["up"], domain="com.microsoft.nchwc",
+                                   scales=[1, 1, 3, 2]),
+             onnx.helper.make_node("ReorderOutput", ["up"], ["y"], domain="com.microsoft.nchwc",
+                                   channels=12)]
+    graph = onnx.helper.make_graph(
+        nodes, "g", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                        ["n", 12, 4, 6])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 12, 12, 12])])
+    model = onnx.helper.make_model(graph, opset_imports=[
+        onnx.helper.make_opsetid("", opset), onnx.helper.make_opsetid("com.microsoft.nchwc", 1)])
+    model.ir_version = 7
+    out = decomposer.decompose(model)
+    assert {n.domain for n in out.graph.node} <= {""}
+    x = np.random.default_rng(7).standard_normal((2, 12, 4, 6)).astype(np.float32)
+    got = _run(out, {"x": x})
+    np.testing.assert_array_equal(got, _run(model, {"x": x}))
+    np.testing.assert_array_equal(got, np.repeat(np.repeat(x, 3, axis=2), 2, axis=3))
