@@ -91,8 +91,34 @@ class Scope:
             # such an initializer is a default, not a constant.
             for value in self.graph.input:
                 constants.pop(value.name, None)
+            self._derive_constants(constants)
             self._constants = constants
         return self._constants
+
+    def _derive_constants(self, constants: dict[str, onnx.TensorProto | onnx.NodeProto]
+                          ) -> None:
+        """Add what standard nodes compute from constants alone and patterns read as
+        constants: an ``Identity`` of one (torch's exporter writes one for each tied
+        weight), and a uint8/int8 ``QuantizeLinear`` of one (``quantize_static``'s
+        quantized biases), computed as ONNX Runtime's kernel does (divide, round half to
+        even, add the zero point, saturate)."""
+        def lookup(name: str) -> onnx.TensorProto | onnx.NodeProto | None:
+            found = constants.get(name)
+            if found is None and self.parent is not None:
+                found = self.parent.constant_source(name)
+            return found
+
+        for node in self.graph.node:
+            if norm_domain(node.domain) != "" or len(node.output) != 1 or not node.input:
+                continue
+            if node.op_type == "Identity":
+                source = lookup(node.input[0])
+                if source is not None:
+                    constants[node.output[0]] = source
+            elif node.op_type == "QuantizeLinear":
+                folded = _quantized_constant(node, lookup)
+                if folded is not None:
+                    constants[node.output[0]] = folded
 
 
 class TypeTables:
@@ -406,6 +432,57 @@ class NodeContext:
         if const is not None:
             return onnx.helper.np_dtype_to_tensor_dtype(const.dtype)
         return None
+
+
+_QUANTIZED = {onnx.TensorProto.UINT8: (np.uint8, 0, 255),
+              onnx.TensorProto.INT8: (np.int8, -128, 127)}
+
+
+def _quantized_constant(node: onnx.NodeProto, lookup: Any) -> onnx.TensorProto | None:
+    """``QuantizeLinear(x, scale[, zero_point])`` of in-memory float32 constants, per tensor
+    or per axis (no blocks, no ``output_dtype`` other than the zero point's), as a tensor;
+    None for any other form or above 2**20 elements."""
+    def value(name: str) -> np.ndarray | None:
+        source = lookup(name) if name else None
+        if isinstance(source, onnx.TensorProto):
+            if source.data_location == onnx.TensorProto.EXTERNAL:
+                return None
+            return numpy_helper.to_array(source)
+        return constant_node_value(source) if source is not None else None
+
+    attributes = {a.name: a for a in node.attribute}
+    if (attributes.get("block_size") and attributes["block_size"].i) or \
+            "output_dtype" in attributes or (
+                "saturate" in attributes and attributes["saturate"].i != 1):
+        return None
+    x, scale = value(node.input[0]), value(node.input[1]) if len(node.input) > 1 else None
+    zero = value(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+    if len(node.input) > 2 and node.input[2] and zero is None:
+        return None
+    if x is None or scale is None or x.dtype != np.float32 or scale.dtype != np.float32 \
+            or x.size > (1 << 20) or not np.all(np.isfinite(x)) \
+            or not np.all(np.isfinite(scale)) or np.any(scale == 0):
+        return None
+    element = onnx.TensorProto.UINT8 if zero is None else \
+        onnx.helper.np_dtype_to_tensor_dtype(zero.dtype)
+    if element not in _QUANTIZED:
+        return None
+    dtype, low, high = _QUANTIZED[element]
+    if scale.ndim == 1 and scale.size > 1:  # per axis
+        axis = attributes["axis"].i if "axis" in attributes else 1
+        if not -x.ndim <= axis < x.ndim or x.shape[axis] != scale.size:
+            return None
+        shape = [1] * x.ndim
+        shape[axis] = scale.size
+        scale = scale.reshape(shape)
+        zero = zero.reshape(shape) if zero is not None else None
+    elif scale.size != 1:
+        return None
+    offset = zero.astype(np.float32) if zero is not None else np.float32(0)
+    with np.errstate(all="ignore"):
+        levels = np.rint(x / scale) + offset
+    quantized = np.clip(levels, low, high).astype(dtype)
+    return numpy_helper.from_array(quantized, node.output[0])
 
 
 def constant_node_value(node: onnx.NodeProto) -> np.ndarray | None:
