@@ -47,7 +47,9 @@ class MatchContext(Protocol):
     engines: tuple[str, ...]
 
     def constant(self, name: str) -> np.ndarray | None:
-        """The value of tensor ``name`` if it is an initializer or Constant output."""
+        """The value of tensor ``name`` if it is an initializer or Constant output, or an
+        Identity or a uint8/int8 QuantizeLinear of such constants (computed as ONNX
+        Runtime's kernel does)."""
 
     def weight(self, name: str) -> np.ndarray | None:
         """Like :meth:`constant`, but also reads an initializer stored in the model's external
