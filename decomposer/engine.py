@@ -156,6 +156,7 @@ class _Rewriter:
         self.schema_classifier = schema_classifier
         self.needs_masking = False
         self.target = target
+        self.ir_version = model.ir_version
         tensor_names, node_names = _collect_names(model)
         self.tensor_names = NameAllocator(tensor_names)
         self.node_names = NameAllocator(node_names)
@@ -315,7 +316,9 @@ class _Rewriter:
         # (replays copy these same ops, so checking the build covers them)
         if any(not self.schema_classifier.is_standard(new, opsets) for new in builder.nodes):
             self.needs_masking = True
-        if scope.is_function:  # a function body holds no initializers
+        # A function body holds no initializers; below IR 4 every initializer must also be a
+        # graph input, which a caller could then feed: weights become Constant nodes there.
+        if scope.is_function or self.ir_version < 4:
             builder.nodes[:0] = [onnx.helper.make_node("Constant", [], [weight.name],
                                                        name=self.node_names.fresh(weight.name),
                                                        value=weight)
