@@ -15,7 +15,12 @@ Matches, in com.microsoft (the schemas ONNX Runtime 1.32 registers; docs/Contrib
 - ``NhwcMaxPool(x; auto_pad, ceil_mode, dilations, kernel_shape, pads, strides)``: ONNX's
   MaxPool of an int8/uint8 NHWC tensor;
 - ``NhwcConv(X, W, B; auto_pad, dilations, group, kernel_shape, pads, strides)``: ONNX's Conv
-  of an NHWC float tensor (weights (M, C/group, kH, kW) as there).
+  of an NHWC float tensor whose weights are channels last too, (M, kH, kW, C/group) (any
+  spatial rank: channels on the last axis). That is the layout ONNX Runtime's transformer
+  optimizer writes (``fusion_nhwc_conv.py``: the Conv's weights transposed (0, 2, 3, 1),
+  as an initializer or a Transpose node) and its CUDA kernel reads (``Conv<T, NHWC>::PrePack``
+  transposes weights only for the internal NHWC domain, not for this op; there is no CPU
+  kernel). Constant weights are transposed back when decomposing, others by a Transpose.
 
 Before -> after::
 
@@ -40,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
+import onnx
 from onnx import TensorProto
 
 from decomposer.builder import Builder, Value, numpy_dtype
@@ -66,6 +72,8 @@ class Facts(NamedTuple):
     rank: int
     # QLinearConv as QDQ: the scales and zero points (constants), else None
     quantization: tuple[np.ndarray, ...] | None = None
+    # NhwcConv: its constant weights back in ONNX's (M, C/group, k...) layout, else None
+    weights: np.ndarray | None = None
 
 
 def standard_attributes(args: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -83,12 +91,23 @@ def standard_attributes(args: Mapping[str, Any], names: tuple[str, ...]) -> dict
     return found
 
 
+def channels_first_order(rank: int) -> list[int]:
+    """The permutation of a channels-last tensor (N, spatial..., C) to (N, C, spatial...);
+    NhwcConv's (M, spatial..., C/group) weights move the same way."""
+    return [0, rank - 1, *range(1, rank - 1)]
+
+
+def channels_last_order(rank: int) -> list[int]:
+    """The inverse of :func:`channels_first_order`."""
+    return [0, *range(2, rank), 1]
+
+
 def to_channels_first(b: Builder, x: str | Value, rank: int, hint: str) -> Value:
-    return b.Transpose(x, [0, rank - 1, *range(1, rank - 1)], hint=hint)
+    return b.Transpose(x, channels_first_order(rank), hint=hint)
 
 
 def to_channels_last(b: Builder, x: Value, rank: int, out: str, hint: str) -> Value:
-    return b.Transpose(x, [0, *range(2, rank), 1], hint=hint, out=out)
+    return b.Transpose(x, channels_last_order(rank), hint=hint, out=out)
 
 
 class _ChannelsLast(Pattern[Facts]):
@@ -129,7 +148,7 @@ class _ChannelsLast(Pattern[Facts]):
         assert x is not None
         rank = x.ndim
         last = self.channels_last_args(args)
-        first = np.transpose(x, [0, rank - 1, *range(1, rank - 1)]) if last else x
+        first = np.transpose(x, channels_first_order(rank)) if last else x
         names = [name for name, value in tensors.items() if value is not None]
         feeds = {name: (first if name == self.data else tensors[name]) for name in names}
         op, attrs = self.reference_op(args)
@@ -137,7 +156,7 @@ class _ChannelsLast(Pattern[Facts]):
                                      self.reference_inputs()], ["y"], **attrs)
         (y,) = ReferenceEvaluator(node).run(None, feeds)
         y = np.asarray(y)
-        return [np.transpose(y, [0, *range(2, rank), 1]) if last else y]
+        return [np.transpose(y, channels_last_order(rank)) if last else y]
 
     def channels_last_args(self, args: dict[str, Any]) -> bool:
         return True
@@ -311,20 +330,32 @@ class NhwcConv(_ChannelsLast):
     forms = (Form("NhwcConv", domains=MS, inputs=(In("X"), In("W"), In("B", optional=True)),
                   attributes=_CONV_ATTRIBUTES),)
     examples = (
-        Example((("x", F, ("N", 5, 5, 2)), ("w", F, (3, 2, 3, 3))),
+        Example((("x", F, ("N", 5, 5, 2)), ("w", F, (3, 3, 3, 2))),
                 attrs={"pads": [1, 1, 1, 1]}, domains=(("com.microsoft", 17),)),
     )
 
     def check(self, node: MatchedNode, ctx: MatchContext) -> Facts:
         facts = super().check(node, ctx)
         require_type(ctx, node.tensor("W"), "W", (facts.elem_type,))
+        require_shape(ctx, node.tensor("W"), "W", "(M, spatial..., C/group)", facts.rank,
+                      facts.rank)
         if node.tensor("B"):
             require_type(ctx, node.tensor("B"), "B", (facts.elem_type,))
+        stored = ctx.weight(node.tensor("W"))
+        if stored is not None:
+            return facts._replace(weights=np.ascontiguousarray(
+                np.transpose(stored, channels_first_order(facts.rank))))
         return facts
 
     def standard(self, b: Builder, node: MatchedNode, facts: Facts, x: str | Value,
                  out: str | None) -> Value:
-        inputs: list[str | Value] = [x, node.tensor("W")]
+        weights: str | Value
+        if facts.weights is not None:
+            weights = b.weight(onnx.numpy_helper.from_array(facts.weights), hint="weights")
+        else:
+            weights = b.Transpose(node.tensor("W"), channels_first_order(facts.rank),
+                                  hint="weights")
+        inputs: list[str | Value] = [x, weights]
         if node.tensor("B"):
             inputs.append(node.tensor("B"))
         return b.op("Conv", *inputs, hint="conv", out=out, dtype=numpy_dtype(facts.elem_type),
@@ -335,6 +366,15 @@ class NhwcConv(_ChannelsLast):
 
     def reference_inputs(self) -> tuple[str, ...]:
         return ("X", "W", "B")
+
+    def compute(self, args: dict[str, Any], **tensors: np.ndarray | None
+                ) -> list[np.ndarray]:
+        w = tensors["W"]
+        assert w is not None
+        return super().compute(args, **{**tensors,
+                                        "W": np.transpose(w, channels_first_order(w.ndim))})
+
+
 
 
 PATTERNS = [QLinearConv(), NhwcMaxPool(), NhwcConv()]

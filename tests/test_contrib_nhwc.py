@@ -109,27 +109,40 @@ def test_nhwc_max_pool_equals_the_kernel(dtype, attrs, opset):
         np.testing.assert_array_equal(_run(out, {"x": x}), _run(model, {"x": x}))
 
 
-def test_nhwc_conv_against_torch():
-    """ONNX Runtime 1.32 has NhwcConv on CUDA only: torch's conv2d is the oracle."""
+@pytest.mark.parametrize("constant_weights", [True, False], ids=["initializer", "run-time"])
+def test_nhwc_conv_against_torch(constant_weights):
+    """ONNX Runtime 1.32 has NhwcConv on CUDA only: torch's conv2d is the oracle. The weights
+    are channels last, (M, kH, kW, C/group), as ONNX Runtime's optimizer writes them (the
+    torch weights transposed (0, 2, 3, 1)); a weight fed at run time goes through a
+    Transpose."""
     import torch
 
     rng = np.random.default_rng(2)
-    weights = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)
+    weights = rng.standard_normal((6, 2, 3, 3)).astype(np.float32)  # torch's (M, C/g, kH, kW)
+    stored = np.ascontiguousarray(weights.transpose(0, 2, 3, 1))
+    bias = rng.standard_normal(6).astype(np.float32)
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5, 6, 4])]
+    initializers = [nh.from_array(bias, "b")]
+    if constant_weights:
+        initializers.append(nh.from_array(stored, "w"))
+    else:
+        inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [6, 3, 3, 2]))
     model = _model([helper.make_node("NhwcConv", ["x", "w", "b"], ["y"], domain="com.microsoft",
                                      pads=[1, 1, 1, 1], group=2)],
-                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5, 6, 4])],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)],
-                   [nh.from_array(weights, "w"),
-                    nh.from_array(rng.standard_normal(6).astype(np.float32), "b")])
+                   inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None] * 4)],
+                   initializers)
     out = decomposer.decompose(model)
     onnx.checker.check_model(out, full_check=True)
-    bias = nh.to_array(model.graph.initializer[1])
+    # constant weights are transposed when decomposing: only the data's two Transposes run
+    transposes = sum(n.op_type == "Transpose" for n in out.graph.node)
+    assert transposes == (2 if constant_weights else 3)
     for batch in (2, 1):
         x = rng.standard_normal((batch, 5, 6, 4)).astype(np.float32)
         want = torch.nn.functional.conv2d(torch.from_numpy(x).permute(0, 3, 1, 2),
                                           torch.from_numpy(weights), torch.from_numpy(bias),
                                           padding=1, groups=2).permute(0, 2, 3, 1).numpy()
-        np.testing.assert_allclose(_run(out, {"x": x}), want, rtol=1e-5, atol=1e-5)
+        feeds = {"x": x} if constant_weights else {"x": x, "w": stored}
+        np.testing.assert_allclose(_run(out, feeds), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_channels_last_chain_keeps_no_transpose_pair():
