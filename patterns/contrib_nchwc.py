@@ -55,7 +55,7 @@ from decomposer.examples import Example, F
 from decomposer.forms import Attr, Form, In, Reject
 from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 
-from .contrib_nhwc import standard_attributes
+from .contrib_nhwc import CONV_NAMES, standard_attributes
 
 NCHWC = frozenset({"com.microsoft.nchwc"})
 
@@ -177,7 +177,6 @@ class ReorderOutput(_Nchwc):
 
 
 _ACTIVATIONS = ("Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip", "HardSigmoid")
-_CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 class Conv(_Nchwc):
@@ -227,7 +226,7 @@ class Conv(_Nchwc):
         last = not activation and not node.tensor("Sum")
         y = b.op("Conv", *inputs, hint="conv", dtype=np.float32,
                  out=node.outputs[0] if last else None,
-                 **standard_attributes(node.args, _CONV_NAMES))
+                 **standard_attributes(node.args, CONV_NAMES))
         if node.tensor("Sum"):
             y = b.Add(y, node.tensor("Sum"), hint="summed",
                       out=None if activation else node.outputs[0])

@@ -57,7 +57,7 @@ from decomposer.pattern import MatchContext, MatchedNode, OutputType, Pattern
 MS = frozenset({"com.microsoft"})
 U8, I8 = TensorProto.UINT8, TensorProto.INT8
 
-_CONV_ATTRIBUTES = {
+CONV_ATTRIBUTES = {
     "auto_pad": Attr("string", default="NOTSET",
                      choices=("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER")),
     "dilations": Attr("ints", default=()),
@@ -168,7 +168,7 @@ class _ChannelsLast(Pattern[Facts]):
         return (self.data,)
 
 
-_CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+CONV_NAMES = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
 
 
 class QLinearConv(_ChannelsLast):
@@ -178,7 +178,7 @@ class QLinearConv(_ChannelsLast):
     forms = (Form("QLinearConv", domains=MS | {""}, inputs=(
         In("x"), In("x_scale"), In("x_zero_point"), In("w"), In("w_scale"),
         In("w_zero_point"), In("y_scale"), In("y_zero_point"), In("B", optional=True)),
-        attributes={**_CONV_ATTRIBUTES,
+        attributes={**CONV_ATTRIBUTES,
                     "channels_last": Attr("int", default=0, choices=(0, 1))}),)
     examples = (
         Example((("x", U8, ("N", 5, 5, 2)),), ((U8, 4),), attrs={"channels_last": 1},
@@ -236,7 +236,7 @@ class QLinearConv(_ChannelsLast):
             inputs.append(node.tensor("B"))
         return b.op("QLinearConv", *inputs, hint="conv", out=out,
                     dtype=numpy_dtype(facts.elem_type),
-                    **standard_attributes(node.args, _CONV_NAMES))
+                    **standard_attributes(node.args, CONV_NAMES))
 
     def _qdq(self, b: Builder, node: MatchedNode, facts: Facts, x: str | Value,
              out: str | None) -> Value:
@@ -275,14 +275,14 @@ class QLinearConv(_ChannelsLast):
             inputs.append(b.op("DequantizeLinear", node.tensor("B"), *bias_args,
                                hint="bias_float", dtype=f32, **axis))
         conv = b.op("Conv", *inputs, hint="conv", dtype=f32,
-                    **standard_attributes(node.args, _CONV_NAMES))
+                    **standard_attributes(node.args, CONV_NAMES))
         return b.op("QuantizeLinear", conv, b.const(y_scale.astype(f32).reshape(()),
                                                     hint="y_scale"),
                     b.const(y_zero.reshape(()), hint="y_zero"), hint="quantized", out=out,
                     dtype=dtype)
 
     def reference_op(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        return "QLinearConv", standard_attributes(args, _CONV_NAMES)
+        return "QLinearConv", standard_attributes(args, CONV_NAMES)
 
     def reference_inputs(self) -> tuple[str, ...]:
         return ("x", "x_scale", "x_zero_point", "w", "w_scale", "w_zero_point", "y_scale",
@@ -328,7 +328,7 @@ class NhwcConv(_ChannelsLast):
     data = "X"
     allowed = (TensorProto.FLOAT16, TensorProto.FLOAT, TensorProto.DOUBLE)
     forms = (Form("NhwcConv", domains=MS, inputs=(In("X"), In("W"), In("B", optional=True)),
-                  attributes=_CONV_ATTRIBUTES),)
+                  attributes=CONV_ATTRIBUTES),)
     examples = (
         Example((("x", F, ("N", 5, 5, 2)), ("w", F, (3, 3, 3, 2))),
                 attrs={"pads": [1, 1, 1, 1]}, domains=(("com.microsoft", 17),)),
@@ -359,10 +359,10 @@ class NhwcConv(_ChannelsLast):
         if node.tensor("B"):
             inputs.append(node.tensor("B"))
         return b.op("Conv", *inputs, hint="conv", out=out, dtype=numpy_dtype(facts.elem_type),
-                    **standard_attributes(node.args, _CONV_NAMES))
+                    **standard_attributes(node.args, CONV_NAMES))
 
     def reference_op(self, args: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        return "Conv", standard_attributes(args, _CONV_NAMES)
+        return "Conv", standard_attributes(args, CONV_NAMES)
 
     def reference_inputs(self) -> tuple[str, ...]:
         return ("X", "W", "B")

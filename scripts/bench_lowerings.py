@@ -6,7 +6,9 @@ hidden 128), the same two LSTMs through ``onnxruntime.quantization.quantize_dyna
 (com.microsoft DynamicQuantizeLSTM, decomposed under the default target), IsNaN on an
 activation (1 x 64 x 56 x 56) and antialiased Resize (torch's
 export: sizes, exclude_outside=1; 1 x 3 x 448 x 448 -> 224 x 224, and 1 x 64 x 128 x 128 ->
-64 x 64). Each op feeds one more node, as in a model.
+64 x 64), ConvInteger and MatMulInteger as quantize_dynamic writes them (a ResNet-like
+3x3 convolution; BERT-base's two MLP products). Each op feeds one more node, as in a
+model.
 Out: per case, the median time of the lowered model over the native one (ONNX Runtime 1.32
 CPU, 1 thread, spinning off, interleaved rounds in shuffled order) and the largest
 difference between their outputs.
@@ -93,6 +95,26 @@ def _resize(channels: int, size: int):
     return model, {"x": x}, ["Resize"]
 
 
+def _integer(op: str, data_shape: tuple[int, ...], weights_shape: tuple[int, ...],
+             **attrs: object):
+    """ConvInteger / MatMulInteger as quantize_dynamic writes them: uint8 activations with
+    a zero point near the middle, symmetric int8 weights (a normal spread, clipped at 127:
+    what its MinMax scaling gives), the int32 result cast to float for the scale's Mul."""
+    rng = np.random.default_rng(3)
+    weights = (rng.standard_normal(weights_shape) * 40).clip(-127, 127).astype(np.int8)
+    inits = [numpy_helper.from_array(weights, "w"),
+             numpy_helper.from_array(np.array(131, np.uint8), "xz"),
+             numpy_helper.from_array(np.array(0, np.int8), "wz")]
+    nodes = [helper.make_node(op, ["x", "w", "xz", "wz"], ["i"], **attrs),
+             helper.make_node("Cast", ["i"], ["y"], to=F)]
+    rank = len(data_shape)
+    graph = helper.make_graph(nodes, op.lower(), [helper.make_tensor_value_info(
+        "x", TensorProto.UINT8, list(data_shape))],
+        [helper.make_tensor_value_info("y", F, [None] * rank)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.integers(0, 256, data_shape).astype(np.uint8)}, [op]
+
+
 CASES = {
     "LSTM 64 steps, 1 x 64 -> 64": lambda: _lstm(64, 1, 64, 64, "forward"),
     "LSTM bidirectional 32 steps, 4 x 32 -> 128": lambda: _lstm(32, 4, 32, 128,
@@ -104,6 +126,14 @@ CASES = {
     "IsNaN 1x64x56x56": _is_nan,
     "Resize antialias 1x3x448^2 -> 224^2": lambda: _resize(3, 448),
     "Resize antialias 1x64x128^2 -> 64^2": lambda: _resize(64, 128),
+    "ConvInteger 1x64x56^2, 64 3x3": lambda: _integer("ConvInteger", (1, 64, 56, 56),
+                                                      (64, 64, 3, 3), pads=[1, 1, 1, 1]),
+    "ConvInteger 1x16x112^2, 32 3x3": lambda: _integer("ConvInteger", (1, 16, 112, 112),
+                                                       (32, 16, 3, 3), pads=[1, 1, 1, 1]),
+    "MatMulInteger 128x768 @ 768x3072": lambda: _integer("MatMulInteger", (1, 128, 768),
+                                                         (768, 3072)),
+    "MatMulInteger 128x3072 @ 3072x768": lambda: _integer("MatMulInteger", (1, 128, 3072),
+                                                          (3072, 768)),
 }
 
 

@@ -196,6 +196,28 @@ def reduce_l1():
                    {"axes": [1], "keepdims": 1})
 
 
+def conv_integer():
+    """What quantize_dynamic writes for a Conv: uint8 data, int8 weights, zero points."""
+    rng = _rng(11)
+    model = _single("ConvInteger", [("x", TensorProto.UINT8, [1, 4, 6, 6])],
+                    [("y", TensorProto.INT32, [1, 3, 6, 6])], 13, {"pads": [1, 1, 1, 1]},
+                    {"w": rng.integers(-128, 128, (3, 4, 3, 3)).astype(np.int8),
+                     "x_zero_point": np.array(131, np.uint8),
+                     "w_zero_point": np.array(0, np.int8)})[0]
+    return model, {"x": rng.integers(0, 256, (1, 4, 6, 6)).astype(np.uint8)}
+
+
+def matmul_integer():
+    """What quantize_dynamic writes for a MatMul: uint8 activations, int8 weights."""
+    rng = _rng(12)
+    model = _single("MatMulInteger", [("a", TensorProto.UINT8, [2, 8])],
+                    [("y", TensorProto.INT32, [2, 5])], 13, None,
+                    {"b": rng.integers(-128, 128, (8, 5)).astype(np.int8),
+                     "a_zero_point": np.array(119, np.uint8),
+                     "b_zero_point": np.array(0, np.int8)})[0]
+    return model, {"a": rng.integers(0, 256, (2, 8)).astype(np.uint8)}
+
+
 def if_on_input():
     out = [helper.make_tensor_value_info("r", F32, [1, 4])]
     then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [], out)
@@ -353,6 +375,8 @@ PROBES = [
     Probe("Trilu", None, trilu),
     Probe("BitwiseAnd", None, bitwise_and),
     Probe("ReduceL1", None, reduce_l1),
+    Probe("ConvInteger", None, conv_integer),
+    Probe("MatMulInteger", None, matmul_integer),
     Probe("If", None, if_on_value),
     Probe("If", "cond_is_input", if_on_input),
     Probe("If", "cond_from_shape", if_on_shape),

@@ -12,7 +12,8 @@ from onnx import TensorProto, helper
 
 from decomposer.testing import ir_version_for, run_onnxruntime
 
-__all__ = ["make_model", "run_onnxruntime", "op_types", "custom_nodes"]
+__all__ = ["make_model", "run_onnxruntime", "op_types", "custom_nodes", "random_integers",
+           "integer_product_model"]
 
 
 def make_model(nodes, inputs, outputs, opset, *, extra_opsets=(), initializers=(),
@@ -34,3 +35,37 @@ def custom_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
 
 FLOAT_TYPES = {np.float16: TensorProto.FLOAT16, np.float32: TensorProto.FLOAT,
                np.float64: TensorProto.DOUBLE}
+
+
+def random_integers(rng: np.random.Generator, dtype, shape) -> np.ndarray:
+    """Integers over ``dtype``'s whole range."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+def integer_product_model(op: str, data_dtype, data_dims, weights: np.ndarray,
+                          data_zero: np.ndarray | None, weights_zero: np.ndarray | None,
+                          constant_weights: bool, out_rank: int, opset: int,
+                          **attrs) -> onnx.ModelProto:
+    """One ConvInteger / MatMulInteger node: data fed at run time ("x"), the weights ("w")
+    an initializer or a graph input, each zero point an initializer or absent."""
+    elem = helper.np_dtype_to_tensor_dtype
+    inputs = [helper.make_tensor_value_info("x", elem(np.dtype(data_dtype)), data_dims)]
+    initializers = []
+    names = ["x", "w", "", ""]
+    if constant_weights:
+        initializers.append(onnx.numpy_helper.from_array(weights, "w"))
+    else:
+        inputs.append(helper.make_tensor_value_info("w", elem(weights.dtype),
+                                                    list(weights.shape)))
+    for position, (name, value) in enumerate((("xz", data_zero), ("wz", weights_zero)), 2):
+        if value is not None:
+            initializers.append(onnx.numpy_helper.from_array(value, name))
+            names[position] = name
+    while names[-1] == "":
+        names.pop()
+    graph = helper.make_graph(
+        [helper.make_node(op, names, ["y"], **attrs)], "g", inputs,
+        [helper.make_tensor_value_info("y", TensorProto.INT32, [None] * out_rank)],
+        initializers)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
