@@ -104,6 +104,9 @@ class Col2Im(Pattern[Facts]):
         strides = tuple(node.args["strides"]) or (1,) * d
         if len(dilations) != d or len(strides) != d or len(pads) != 2 * d:
             raise Reject("dilations and strides need one value per spatial dim, pads two")
+        if min(kernel) < 1 or min(dilations) < 1 or min(strides) < 1 or min(pads) < 0:
+            raise Reject(f"block_shape {list(kernel)}, dilations {list(dilations)} and strides "
+                         f"{list(strides)} must be positive, pads {list(pads)} not negative")
         blocks = block_counts(image, kernel, dilations, pads, strides)
         if min(blocks) < 1:
             raise Reject(f"no block fits: {blocks} blocks per dim")

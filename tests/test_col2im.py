@@ -144,6 +144,22 @@ def test_run_time_image_shape_is_refused():
         decomposer.decompose(model, target_opset=17)
 
 
+@pytest.mark.parametrize("block, strides", [([0, 2], [1, 1]), ([2, 2], [0, 1])],
+                         ids=["zero block", "zero stride"])
+def test_a_zero_block_or_stride_is_refused_with_the_reason(block, strides):
+    """A fuzz finding: a zero in block_shape crashed the check (a modulo by zero)."""
+    graph = helper.make_graph(
+        [helper.make_node("Col2Im", ["x", "image", "block"], ["y"], name="col2im",
+                          strides=strides)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [helper.make_tensor("image", TensorProto.INT64, [2], [4, 4]),
+         helper.make_tensor("block", TensorProto.INT64, [2], block)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="must be positive"):
+        decomposer.decompose(model, target_opset=17, check=False)
+
+
 def portability_cases():
     """Col2Im (opset 18) at 17: 3x3 blocks, stride 2, pads 1; torch's fold the oracle."""
     rng = np.random.default_rng(14)
