@@ -3,7 +3,7 @@ session) back to plain NCHW standard ops, against ONNX Runtime's nchwc kernels o
 model and torch on the float model: a plain 3-channel input and a reordered 16-channel one,
 grouped and depthwise Convs, fused activations (Relu, LeakyRelu, Sigmoid, Clip), a fused
 residual Add (Conv's Sum input), MaxPool, AveragePool and GlobalAveragePool in the blocked
-layout, dynamic batch; and on OpenVINO."""
+layout, dynamic batch; and on OpenVINO and TVM (TVM under ``exhaustive``)."""
 
 from __future__ import annotations
 
@@ -88,12 +88,14 @@ def test_equals_the_nchwc_kernels_and_torch(tmp_path, inputs):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.skipif(not engines.available("openvino"), reason="OpenVINO is not installed")
-def test_runs_on_openvino(tmp_path):
+@pytest.mark.parametrize("engine", ["openvino", pytest.param("tvm", marks=pytest.mark.exhaustive)])
+def test_runs_on(tmp_path, engine):
+    if not engines.available(engine):
+        pytest.skip(f"{engine} is not installed")
     net, model = _saved(tmp_path, 16)
     out = decomposer.decompose(model)
     x = np.random.default_rng(4).standard_normal((2, 16, 16, 16)).astype(np.float32)
-    (got,) = engines.run_model("openvino", out, {"x": x})
+    (got,) = engines.run_model(engine, out, {"x": x})
     with torch.no_grad():
         want = net(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
