@@ -8,23 +8,24 @@ model's opset: the op, how many nodes, why (the evidence), and the ``--lower`` t
 ``decomposer/data/engine_support.json``, from which docs/portability.md's engine table is
 generated; ``tests/test_engine_support.py`` re-measures its ONNX Runtime, OpenVINO and TVM
 entries. Conditions an entry may carry: ``min_opset`` and ``max_opset`` (the model's opsets
-the gap spans), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a constant),
-``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a ``block_size``
-attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a zero point) or
-``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale whose output
-channel count differs from its input's), ``antialias`` (``antialias=1``), ``reduction`` (a
-``reduction`` other than none), ``k_from_shape`` / ``size_from_shape`` (TopK's K, Range's
-limit computed from Shape outputs and constants: shape arithmetic that folds away once the
-input sizes are static), ``cond_is_input`` (an If on a graph input), ``cond_from_shape`` /
-``pads_from_shape`` / ``shape_from_shape`` (an If's condition, Pad's pads, Reshape's shape
-computed from shapes while an input of the model has a dynamic dim). Besides ``lower``, a
-row may name the fix its engine's ``--target`` applies: ``take_down`` (the opset where
-decomposer.opsets writes the op in a form the engine runs) and ``fold`` (static shape
-arithmetic folded: ``--overwrite-input-shape``); ``static`` says the fix needs static
-input sizes, which ``check --engines`` then asks for (``--overwrite-input-shape``);
-``kind`` = ``wrong`` marks an engine that runs the op with other numbers. A call of a
-model-local function of a custom domain (kept under ``--target ort``) is a gap for each
-engine the data file's ``local_functions`` entry says refuses it.
+the gap spans), ``when`` = ``size_not_constant`` (AffineGrid's size input is not a
+constant), ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a
+``block_size`` attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a
+zero point) or ``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale
+whose output channel count differs from its input's), ``per_column`` (a QLinearMatMul whose
+b scale or zero point is an initializer of more than one value), ``antialias``
+(``antialias=1``), ``reduction`` (a ``reduction`` other than none), ``k_from_shape`` /
+``size_from_shape`` (TopK's K, Range's limit computed from Shape outputs and constants:
+shape arithmetic that folds away once the input sizes are static), ``cond_is_input`` (an If
+on a graph input), ``cond_from_shape`` / ``pads_from_shape`` / ``shape_from_shape`` (an If's
+condition, Pad's pads, Reshape's shape computed from shapes while an input of the model has
+a dynamic dim). Besides ``lower``, a row may name the fix its engine's ``--target`` applies:
+``take_down`` (the opset where decomposer.opsets writes the op in a form the engine runs)
+and ``fold`` (static shape arithmetic folded: ``--overwrite-input-shape``); ``static`` says
+the fix needs static input sizes, which ``check --engines`` then asks for
+(``--overwrite-input-shape``); ``kind`` = ``wrong`` marks an engine that runs the op with
+other numbers. A call of a model-local function of a custom domain (kept under ``--target
+ort``) is a gap for each engine the data file's ``local_functions`` entry says refuses it.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ CONDITIONS: dict[str | None, str] = {
     "blocked_zero_point": "`block_size` set, with a zero point",
     "per_channel_mixed_channels": "per-channel weights, input and output channel counts "
                                   "differ",
+    "per_column": "per-column `b` scales or zero points",
     "antialias": "`antialias=1`", "reduction": "a `reduction` is set",
     "k_from_shape": "K computed from a shape", "size_from_shape": "its limit computed from a shape",
     "cond_is_input": "its condition a graph input",
@@ -163,6 +165,9 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
     if when == "per_channel_mixed_channels":
         return _per_channel_mixed(node, constants)
+    if when == "per_column":  # QLinearMatMul's b_scale, b_zero_point
+        return any(len(node.input) > i and bool(constants.get(node.input[i])) and
+                   _product(constants[node.input[i]] or []) > 1 for i in (4, 5))
     blocked = any(a.name == "block_size" and a.i for a in node.attribute)
     if when == "blocked":
         return blocked

@@ -7,7 +7,8 @@ hidden 128), the same two LSTMs through ``onnxruntime.quantization.quantize_dyna
 activation (1 x 64 x 56 x 56) and antialiased Resize (torch's
 export: sizes, exclude_outside=1; 1 x 3 x 448 x 448 -> 224 x 224, and 1 x 64 x 128 x 128 ->
 64 x 64), ConvInteger and MatMulInteger as quantize_dynamic writes them (a ResNet-like
-3x3 convolution; BERT-base's two MLP products). Each op feeds one more node, as in a
+3x3 convolution; BERT-base's two MLP products), QLinearMatMul as quantize_static's
+QOperator format writes it. Each op feeds one more node, as in a
 model.
 Out: per case, the median time of the lowered model over the native one (ONNX Runtime 1.32
 CPU, 1 thread, spinning off, interleaved rounds in shuffled order) and the largest
@@ -115,6 +116,27 @@ def _integer(op: str, data_shape: tuple[int, ...], weights_shape: tuple[int, ...
     return model, {"x": rng.integers(0, 256, data_shape).astype(np.uint8)}, [op]
 
 
+def _qlinear_matmul(rows: int, depth: int, columns: int):
+    """QLinearMatMul as quantize_static's QOperator format writes it (per-column int8
+    weights), feeding a DequantizeLinear."""
+    rng = np.random.default_rng(4)
+    inits = [numpy_helper.from_array(v, k) for k, v in (
+        ("a_scale", np.array(0.05, np.float32)), ("a_zero", np.array(131, np.uint8)),
+        ("b", (rng.standard_normal((depth, columns)) * 40).clip(-127, 127).astype(np.int8)),
+        ("b_scale", rng.uniform(0.001, 0.003, columns).astype(np.float32)),
+        ("b_zero", np.zeros(columns, np.int8)), ("y_scale", np.array(0.8, np.float32)),
+        ("y_zero", np.array(128, np.uint8)))]
+    nodes = [helper.make_node("QLinearMatMul", ["x", "a_scale", "a_zero", "b", "b_scale",
+                                                "b_zero", "y_scale", "y_zero"], ["q"]),
+             helper.make_node("DequantizeLinear", ["q", "y_scale", "y_zero"], ["y"])]
+    graph = helper.make_graph(nodes, "qlinear_matmul", [helper.make_tensor_value_info(
+        "x", TensorProto.UINT8, [1, rows, depth])],
+        [helper.make_tensor_value_info("y", F, [None] * 3)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model, {"x": rng.integers(0, 256, (1, rows, depth)).astype(np.uint8)}, \
+        ["QLinearMatMul"]
+
+
 CASES = {
     "LSTM 64 steps, 1 x 64 -> 64": lambda: _lstm(64, 1, 64, 64, "forward"),
     "LSTM bidirectional 32 steps, 4 x 32 -> 128": lambda: _lstm(32, 4, 32, 128,
@@ -134,6 +156,7 @@ CASES = {
                                                          (768, 3072)),
     "MatMulInteger 128x3072 @ 3072x768": lambda: _integer("MatMulInteger", (1, 128, 3072),
                                                           (3072, 768)),
+    "QLinearMatMul 128x768 @ 768x3072": lambda: _qlinear_matmul(128, 768, 3072),
 }
 
 

@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from hf_models import export_bert
+from hf_models import bert_qoperator
 
 from benchlib import OrtRunner, interleaved_rounds, time_calls
 
@@ -91,30 +91,10 @@ def build(folder: Path, size: int) -> dict[str, onnx.ModelProto]:
     quantize_dynamic(str(float_model), str(paths["dynamic"]))
     optimized(paths["dynamic"], paths["quantize_dynamic at ORT_ENABLE_ALL"])
     found = {name: onnx.load(str(path)) for name, path in paths.items() if name != "dynamic"}
-    found["BERT QOperator"] = bert_qoperator(folder)
+    found["BERT QOperator"] = bert_qoperator(
+        folder, vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=512, max_position_embeddings=128)
     return found
-
-
-def bert_qoperator(folder: Path) -> onnx.ModelProto:
-    """A BERT (hidden 128, 2 layers, random weights) through quantize_static QOperator."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    source, target = folder / "bert.onnx", folder / "bert_qop.onnx"
-    export_bert(source, torch.randint(0, 1000, (1, 64)), vocab_size=1000, hidden_size=128,
-                num_hidden_layers=2, num_attention_heads=4, intermediate_size=512,
-                max_position_embeddings=128)
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.feeds = iter([{"ids": np.random.default_rng(i).integers(0, 1000, (1, 64)),
-                                "mask": np.ones((1, 64), np.int64)} for i in range(4)])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    quantize_static(str(source), str(target), Reader(), quant_format=QuantFormat.QOperator,
-                    extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    return onnx.load(str(target))
 
 
 def openvino_seconds(model: onnx.ModelProto, feeds: dict[str, np.ndarray],

@@ -218,6 +218,25 @@ def matmul_integer():
     return model, {"a": rng.integers(0, 256, (2, 8)).astype(np.uint8)}
 
 
+def qlinear_matmul(per_column: bool = True):
+    """What quantize_static's QOperator format writes for a MatMul: uint8 activations,
+    int8 weights with per-column scales (``per_column``, its ``per_channel=True``) or one."""
+    rng = _rng(13)
+    model = _single("QLinearMatMul", [("a", TensorProto.UINT8, [2, 8])],
+                    [("y", TensorProto.UINT8, [2, 5])], 13, None,
+                    {"a_scale": np.array(0.05, np.float32),
+                     "a_zero_point": np.array(119, np.uint8),
+                     "b": rng.integers(-128, 128, (8, 5)).astype(np.int8),
+                     "b_scale": rng.uniform(0.005, 0.02, 5 if per_column else ())
+                     .astype(np.float32),
+                     "b_zero_point": np.zeros(5 if per_column else (), np.int8),
+                     "y_scale": np.array(0.3, np.float32),
+                     "y_zero_point": np.array(128, np.uint8)},
+                    node_inputs=["a", "a_scale", "a_zero_point", "b", "b_scale",
+                                 "b_zero_point", "y_scale", "y_zero_point"])[0]
+    return model, {"a": rng.integers(0, 256, (2, 8)).astype(np.uint8)}
+
+
 def if_on_input():
     out = [helper.make_tensor_value_info("r", F32, [1, 4])]
     then = helper.make_graph([helper.make_node("Relu", ["x"], ["r"])], "then", [], out)
@@ -377,6 +396,8 @@ PROBES = [
     Probe("ReduceL1", None, reduce_l1),
     Probe("ConvInteger", None, conv_integer),
     Probe("MatMulInteger", None, matmul_integer),
+    Probe("QLinearMatMul", None, lambda: qlinear_matmul(per_column=False)),
+    Probe("QLinearMatMul", "per_column", qlinear_matmul),
     Probe("If", None, if_on_value),
     Probe("If", "cond_is_input", if_on_input),
     Probe("If", "cond_from_shape", if_on_shape),

@@ -302,3 +302,16 @@ def test_qlinear_conv_gap_needs_per_channel_weights_and_differing_channels():
     weights = next(i for i in square.graph.initializer if i.name == "w")
     weights.CopyFrom(onnx.numpy_helper.from_array(np.zeros((3, 3, 3, 3), np.int8), "w"))
     assert not engine_support.engine_gaps(square, ["openvino"])["openvino"]
+
+
+def test_qlinear_matmul_gap_on_openvino_needs_per_column_scales():
+    """OpenVINO 2026.4 runs a per-tensor QLinearMatMul (measured, bit for bit ONNX
+    Runtime's) and fails on per-column b scales: the row holds for the second only, while
+    TVM's holds for both."""
+    from engine_probes import qlinear_matmul
+
+    per_column, _ = qlinear_matmul()
+    per_tensor, _ = qlinear_matmul(per_column=False)
+    assert engine_support.engine_gaps(per_column, ["openvino"])["openvino"]
+    assert not engine_support.engine_gaps(per_tensor, ["openvino"])["openvino"]
+    assert engine_support.engine_gaps(per_tensor, ["tvm"])["tvm"]

@@ -10,7 +10,9 @@ then
 
 and a tiny BERT (transformers, eager attention, random weights) through ONNX Runtime's
 transformer optimizer and ``quantize_dynamic`` (QAttention, QEmbedLayerNormalization,
-SkipLayerNormalization, BiasGelu), also saved at ORT_ENABLE_ALL (DynamicQuantizeMatMul);
+SkipLayerNormalization, BiasGelu), also saved at ORT_ENABLE_ALL (DynamicQuantizeMatMul), and
+the same BERT through ``quantize_static`` QOperator (QLinearAdd, QLinearMul, QLinearSoftmax,
+ONNX's QLinearMatMul);
 
 each decomposed under the default portable target: no non-standard node left, equal to
 ONNX Runtime's run of the original (bit for bit: ONNX Runtime fuses the QDQ groups back into
@@ -27,7 +29,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from hf_models import export_bert
+from hf_models import bert_qoperator, export_bert
 
 import decomposer
 from decomposer import engines
@@ -126,7 +128,11 @@ def _bert_models(folder: Path) -> dict[str, onnx.ModelProto]:
     dynamic_all = folder / "bert_dynamic_all.onnx"
     _optimized(dynamic, dynamic_all)
     return {"bert_dynamic": onnx.load(str(dynamic)),
-            "bert_dynamic_all": onnx.load(str(dynamic_all))}
+            "bert_dynamic_all": onnx.load(str(dynamic_all)),
+            "bert_qoperator": bert_qoperator(folder, sequence=8, vocab_size=100,
+                                             hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=4, intermediate_size=64,
+                                             max_position_embeddings=32)}
 
 
 def _bert_feeds(seed, batch, sequence):
@@ -148,6 +154,8 @@ HOLDS = {
     "dynamic_all": {"com.microsoft:DynamicQuantizeMatMul"},
     "bert_dynamic": {"com.microsoft:QAttention", "com.microsoft:QEmbedLayerNormalization"},
     "bert_dynamic_all": {"com.microsoft:QAttention", "com.microsoft:DynamicQuantizeMatMul"},
+    "bert_qoperator": {"com.microsoft:QLinearAdd", "com.microsoft:QLinearMul",
+                       "com.microsoft:QLinearSoftmax", "QLinearMatMul"},
 }
 
 
@@ -191,7 +199,8 @@ def test_decomposed_and_equal_to_onnx_runtime(models, name):
 # model differs from ONNX Runtime's 16-bit kernels by 1.1e-4): it computes the 16-bit QDQ
 # more coarsely than the kernels
 OPENVINO_TOLERANCE = {"qoperator": 12 / 256, "qoperator_all": 1e-6, "dynamic_all": 1e-6,
-                      "qdq16": 0.02, "bert_dynamic": 1e-4, "bert_dynamic_all": 1e-4}
+                      "qdq16": 0.02, "bert_dynamic": 1e-4, "bert_dynamic_all": 1e-4,
+                      "bert_qoperator": 1e-4}
 
 
 @pytest.mark.skipif(not engines.available("openvino"), reason="OpenVINO is not installed")
