@@ -141,8 +141,10 @@ class QGemm(Pattern[Facts]):
         b_shape = require_shape(ctx, node.tensor("B"), "B", "(K, N) or (N, K)", 2, 2)
         width = b_shape[0] if node.args["transB"] else b_shape[1]
         require_shape(ctx, node.tensor("A"), "A", "(M, K) or (K, M)", 2, 2)
-        if ctx.shape(node.tensor("a_scale")) not in ((), (1,)):
-            raise Reject("a_scale must be per tensor")
+        for role in ("a_scale", "a_zero_point", "y_scale", "y_zero_point"):
+            if node.tensor(role) and ctx.shape(node.tensor(role)) not in ((), (1,)):
+                raise Reject(f"{role} must be per tensor (one value), got shape "
+                             f"{ctx.shape(node.tensor(role))}")
         per_column = _per_column(ctx, node.tensor("b_scale"), "b_scale", width) | \
             _per_column(ctx, node.tensor("b_zero_point"), "b_zero_point", width)
         if per_column and ctx.opset < 13:

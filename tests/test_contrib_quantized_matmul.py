@@ -106,6 +106,24 @@ def test_qgemm_equals_the_kernel(types, trans_b, per_column, bias, quantized_out
     _compare(model, feeds, exact=not (bias and alpha != 1.0))
 
 
+@pytest.mark.parametrize("role", ["az", "yz", "ys"])
+def test_qgemm_refuses_a_per_row_parameter_with_the_reason(role):
+    """A fuzz finding: a zero point of three values reached a reshape to a scalar (exit 4).
+    A's and Y's scales and zero points are one value each in ONNX Runtime's kernel."""
+    values = {"as": np.array(0.1, np.float32), "az": np.array(7, np.uint8),
+              "B": np.ones((K, N), np.int8), "bs": np.array(0.02, np.float32),
+              "bz": np.array(0, np.int8), "ys": np.array(0.05, np.float32),
+              "yz": np.array(9, np.uint8)}
+    values[role] = np.repeat(values[role], 3)
+    model = _model([helper.make_node("QGemm", ["A", "as", "az", "B", "bs", "bz", "", "ys",
+                                              "yz"], ["y"], domain="com.microsoft")],
+                   [helper.make_tensor_value_info("A", TensorProto.UINT8, ["m", K])],
+                   [helper.make_tensor_value_info("y", TensorProto.UINT8, ["m", N])],
+                   [nh.from_array(v, k) for k, v in values.items()])
+    with pytest.raises(decomposer.UnsupportedNodeError, match="must be per tensor"):
+        decomposer.decompose(model, check=False)
+
+
 @pytest.mark.parametrize("a_dtype", [np.uint8, np.int8])
 @pytest.mark.parametrize("per_column", [False, True], ids=["tensor", "column"])
 def test_matmul_integer_to_float_equals_the_kernel(a_dtype, per_column):
