@@ -104,6 +104,8 @@ def cell_facts(node: MatchedNode, ctx: MatchContext, float_roles: tuple[str, ...
                      "length: --overwrite-input-shape on the input it comes from)")
     if steps > MAX_STEPS:
         raise Reject(f"{steps} steps is more than the {MAX_STEPS} unrolled cells allowed")
+    if steps < 1:
+        raise Reject("an empty sequence (0 steps) has no cells to unroll")
     if args["activation_alpha"] or args["activation_beta"]:
         raise Reject("activation_alpha/beta are set (only Sigmoid, Tanh, Relu lowered)")
     count = _DIRECTIONS[args["direction"]]

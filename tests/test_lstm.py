@@ -141,6 +141,15 @@ def test_dynamic_sequence_length_is_refused():
         decomposer.decompose(model, lower=["LSTM"])
 
 
+def test_an_empty_sequence_is_refused():
+    """A fuzz finding (on DynamicQuantizeLSTM, which shares the cells): 0 steps unrolled no
+    cell and failed an assertion (exit 4)."""
+    model, _ = _model(3, 1, 2, 2)
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_value = 0
+    with pytest.raises(UnsupportedNodeError, match="empty sequence"):
+        decomposer.decompose(model, lower=["LSTM"], check=False)
+
+
 def portability_cases():
     """A bidirectional LSTM with initial states and peepholes, lowered; ONNX Runtime's
     kernel on the original the oracle."""
