@@ -240,6 +240,11 @@ def _input_sources(graph: onnx.GraphProto) -> dict[str, tuple[set[str], set[str]
     return sources
 
 
+def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
+    for graph in all_graphs(model.graph):
+        yield from graph.node
+
+
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
@@ -247,7 +252,8 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
     condition is computed from, which ``--freeze-input`` can fix and fold away; ``shape``:
     those of which only the shape decides it, and, for a row whose fix needs static sizes
     (``static``), the inputs with a dynamic dim that reach the node: for
-    ``--overwrite-input-shape``); a model
+    ``--overwrite-input-shape``, with ``freeze`` then naming the inputs any If's condition
+    depends on by value, since fixed sizes pick one branch); a model
     above the engine's opset cap (its profile's ``max_opset``) is one too, first, as
     ``"opset N"`` with the cap as ``take_down``."""
     found: dict[str, list[dict[str, Any]]] = {engine: [] for engine in engines}
@@ -278,6 +284,14 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
             by_value, by_shape = sources.get(node.input[0], (set(), set()))
             freeze.setdefault(key, set()).update(by_value)
             shape.setdefault(key, set()).update(by_shape)
+    # Static sizes pick one branch of an If whose condition a run-time input decides by
+    # value (silero-vad's sample rate: the other branch's shapes then fail ONNX's shape
+    # inference, measured), so a fix that needs them needs that input frozen too.
+    deciding = {name for node in _all_nodes(model) if node.op_type == "If" and node.input
+                for name in sources.get(node.input[0], (set(), set()))[0]}
+    for key, names in shape.items():
+        if entries[key[1]].get("static") and names:
+            freeze.setdefault(key, set()).update(deciding)
     for (engine, row), count in sorted(hits.items(), key=lambda kv: kv[0][1]):
         entry = entries[row]
         found[engine].append({"op": entry["op"], "nodes": count, "lower": entry.get("lower"),

@@ -315,3 +315,28 @@ def test_qlinear_matmul_gap_on_openvino_needs_per_column_scales():
     assert engine_support.engine_gaps(per_column, ["openvino"])["openvino"]
     assert not engine_support.engine_gaps(per_tensor, ["openvino"])["openvino"]
     assert engine_support.engine_gaps(per_tensor, ["tvm"])["tvm"]
+
+
+def test_static_sizes_with_an_if_on_an_input_ask_to_freeze_it():
+    """Fixed sizes pick one branch of an If a run-time input decides by value (silero-vad's
+    sample rate: with the sizes alone its other branch fails ONNX's shape inference,
+    measured), so a gap whose fix needs static sizes names that input for --freeze-input
+    too; without such an If it names the sizes only."""
+    model, _ = _lstm()
+    model.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "steps"
+    (gap,) = engine_support.engine_gaps(model, ["tvm"])["tvm"]
+    assert (gap["op"], gap["freeze"], gap["shape"]) == ("LSTM", [], ["x"])
+    out = [helper.make_tensor_value_info("r", TensorProto.FLOAT, [1])]
+    then = helper.make_graph([helper.make_node("Constant", [], ["r"], value=onnx.numpy_helper
+                                               .from_array(np.ones(1, np.float32)))],
+                             "then", [], out)
+    other = helper.make_graph([helper.make_node("Constant", [], ["r"], value=onnx.numpy_helper
+                                                .from_array(np.zeros(1, np.float32)))],
+                              "else", [], out)
+    model.graph.node.extend([helper.make_node("If", ["flag"], ["picked"], then_branch=then,
+                                              else_branch=other)])
+    model.graph.input.append(helper.make_tensor_value_info("flag", TensorProto.BOOL, []))
+    model.graph.output.append(helper.make_tensor_value_info("picked", TensorProto.FLOAT, [1]))
+    gaps = engine_support.engine_gaps(model, ["tvm"])["tvm"]
+    lstm = next(g for g in gaps if g["op"] == "LSTM")
+    assert (lstm["freeze"], lstm["shape"]) == (["flag"], ["x"])
