@@ -347,8 +347,10 @@ def write_data(probes: list[dict[str, Any]], engines: list[str]) -> None:
     kept = [row for row in data["gaps"] if row["engine"] not in EDGE or
             row["engine"] not in measured]
     keys = {(row["engine"], row["op"], row.get("when")) for row in kept}
+    # a conditional row adds nothing where the engine's unconditional row of the op is kept
     data["gaps"] = kept + [row for row in gap_rows(probes, engines, data["gaps"])
-                           if (row["engine"], row["op"], row.get("when")) not in keys]
+                           if (row["engine"], row["op"], row.get("when")) not in keys and
+                           (row["engine"], row["op"], None) not in keys]
     data["majority_wrong"] = majority_wrong(data["gaps"])
     for engine in measured:
         profile = data["profiles"].setdefault(engine, {})
