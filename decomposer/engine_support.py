@@ -127,13 +127,18 @@ def _product(dims: list[int]) -> int:
 def _shape_derived(graph: onnx.GraphProto, constants: dict[str, list[int] | None]
                    ) -> set[str]:
     """The tensors computed from Shape outputs and constants only (shape arithmetic: a
-    constant once the input sizes are static and folded)."""
+    constant once the input sizes are static and folded). A node of constants only (a Cast
+    of a Constant, as paddle2onnx writes them into a shape's Concat) counts as a constant."""
     derived: set[str] = set()
+    fixed = set(constants)
     for node in graph.node:
         inputs = [name for name in node.input if name]
         if node.op_type == "Shape" or (inputs and any(n in derived for n in inputs) and
-                                       all(n in derived or n in constants for n in inputs)):
+                                       all(n in derived or n in fixed for n in inputs)):
             derived.update(node.output)
+        elif inputs and all(n in fixed for n in inputs) and \
+                not node.op_type.startswith("Random"):
+            fixed.update(node.output)
     return derived
 
 
