@@ -12,7 +12,9 @@ and a tiny BERT (transformers, eager attention, random weights) through ONNX Run
 transformer optimizer and ``quantize_dynamic`` (QAttention, QEmbedLayerNormalization,
 SkipLayerNormalization, BiasGelu), also saved at ORT_ENABLE_ALL (DynamicQuantizeMatMul), and
 the same BERT through ``quantize_static`` QOperator (QLinearAdd, QLinearMul, QLinearSoftmax,
-ONNX's QLinearMatMul);
+ONNX's QLinearMatMul); and a token embedding with two linear layers through
+``MatMulNBitsQuantizer`` with MatMul and Gather quantized (MatMulNBits and
+GatherBlockQuantized, uint4);
 
 each decomposed under the default portable target: no non-standard node left, equal to
 ONNX Runtime's run of the original (bit for bit: ONNX Runtime fuses the QDQ groups back into
@@ -265,3 +267,75 @@ def test_the_default_run_keeps_onnx_qlinear_conv(models):
     as it is)."""
     out = decomposer.decompose(models["qoperator"])
     assert "QLinearConv" in {n.op_type for n in out.graph.node}
+
+
+class EmbeddingAndLinears(torch.nn.Module):
+    """A token embedding and two linear layers: what 4-bit weight quantization of a small
+    language model's table and projections looks like."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = torch.nn.Embedding(100, 64)
+        self.up = torch.nn.Linear(64, 64)
+        self.out = torch.nn.Linear(64, 32)
+
+    def forward(self, ids):
+        return self.out(torch.relu(self.up(self.embed(ids))))
+
+
+@pytest.fixture(scope="module")
+def int4_model(tmp_path_factory) -> onnx.ModelProto:
+    """ONNX Runtime's MatMulNBitsQuantizer with MatMul and Gather quantized (QOperator, the
+    only format it takes for Gather; blocks of 32, asymmetric): com.microsoft MatMulNBits
+    and GatherBlockQuantized with uint4 data."""
+    from onnxruntime.quantization import QuantFormat
+    from onnxruntime.quantization.matmul_nbits_quantizer import (
+        DefaultWeightOnlyQuantConfig,
+        MatMulNBitsQuantizer,
+    )
+
+    path = tmp_path_factory.mktemp("int4") / "float.onnx"
+    torch.manual_seed(0)
+    torch.onnx.export(EmbeddingAndLinears().eval(), (torch.randint(0, 100, (2, 5)),),
+                      str(path), opset_version=17, dynamo=False, input_names=["ids"],
+                      output_names=["y"],
+                      dynamic_axes={"ids": {0: "b", 1: "s"}, "y": {0: "b", 1: "s"}})
+    kinds = ("MatMul", "Gather")
+    axes = (("MatMul", 0), ("Gather", 1))
+    config = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=False,
+                                          quant_format=QuantFormat.QOperator,
+                                          op_types_to_quantize=kinds, quant_axes=axes)
+    quantizer = MatMulNBitsQuantizer(onnx.load(str(path)), block_size=32, is_symmetric=False,
+                                     algo_config=config, op_types_to_quantize=kinds,
+                                     quant_axes=axes)
+    quantizer.process()
+    model = quantizer.model.model
+    kinds_found = {f"{n.domain}:{n.op_type}" for n in model.graph.node}
+    assert {"com.microsoft:MatMulNBits", "com.microsoft:GatherBlockQuantized"} <= kinds_found
+    return model
+
+
+def _ids(seed, batch, sequence):
+    return {"ids": np.random.default_rng(seed).integers(0, 100, (batch, sequence))
+            .astype(np.int64)}
+
+
+def test_int4_matmul_and_gather_equal_onnx_runtime(int4_model):
+    out = decomposer.decompose(int4_model)
+    onnx.checker.check_model(out, full_check=True)
+    assert {n.domain for n in out.graph.node} <= {""}
+    for seed, batch, sequence in ((1, 3, 7), (2, 1, 2)):
+        feeds = _ids(seed, batch, sequence)
+        np.testing.assert_allclose(_run_ort(out, feeds), _run_ort(int4_model, feeds),
+                                   rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("engine", ["openvino", pytest.param("tvm", marks=pytest.mark.exhaustive)])
+def test_int4_matmul_and_gather_run_on(int4_model, engine):
+    """Measured: OpenVINO gives ONNX Runtime's numbers exactly, TVM within 2.1e-7."""
+    if not engines.available(engine):
+        pytest.skip(f"{engine} is not installed")
+    out = decomposer.decompose(int4_model)
+    feeds = _ids(3, 2, 6)
+    (got,) = engines.run_model(engine, out, feeds)
+    np.testing.assert_allclose(got, _run_ort(int4_model, feeds), rtol=0, atol=1e-6)
