@@ -13,19 +13,22 @@ constant), ``mode_max`` (the node's ``mode`` attribute is "max"), ``blocked`` (a
 ``block_size`` attribute is set: blocked quantization), ``blocked_zero_point`` (that, with a
 zero point) or ``per_channel_mixed_channels`` (a QLinearConv with a per-channel weight scale
 whose output channel count differs from its input's), ``per_column`` (a QLinearMatMul whose
-b scale or zero point is an initializer of more than one value), ``antialias``
-(``antialias=1``), ``reduction`` (a ``reduction`` other than none), ``k_from_shape`` /
-``size_from_shape`` (TopK's K, Range's limit computed from Shape outputs and constants:
-shape arithmetic that folds away once the input sizes are static), ``cond_is_input`` (an If
-on a graph input), ``cond_from_shape`` / ``pads_from_shape`` / ``shape_from_shape`` (an If's
-condition, Pad's pads, Reshape's shape computed from shapes while an input of the model has
-a dynamic dim). Besides ``lower``, a row may name the fix its engine's ``--target`` applies:
-``take_down`` (the opset where decomposer.opsets writes the op in a form the engine runs)
-and ``fold`` (static shape arithmetic folded: ``--overwrite-input-shape``); ``static`` says
-the fix needs static input sizes, which ``check --engines`` then asks for
-(``--overwrite-input-shape``); ``kind`` = ``wrong`` marks an engine that runs the op with
-other numbers. A call of a model-local function of a custom domain (kept under ``--target
-ort``) is a gap for each engine the data file's ``local_functions`` entry says refuses it.
+b scale or zero point is an initializer of more than one value), ``not_symmetric_int8`` (an
+unblocked QuantizeLinear / DequantizeLinear with a constant zero point that is not int8 or
+not all zero, a QuantizeLinear without one (uint8), or a DequantizeLinear of a uint8
+initializer without one), ``antialias`` (``antialias=1``), ``reduction`` (a ``reduction``
+other than none), ``k_from_shape`` / ``size_from_shape`` (TopK's K, Range's limit computed
+from Shape outputs and constants: shape arithmetic that folds away once the input sizes are
+static), ``cond_is_input`` (an If on a graph input), ``cond_from_shape`` /
+``pads_from_shape`` / ``shape_from_shape`` (an If's condition, Pad's pads, Reshape's shape
+computed from shapes while an input of the model has a dynamic dim). Besides ``lower``, a
+row may name the fix its engine's ``--target`` applies: ``take_down`` (the opset where
+decomposer.opsets writes the op in a form the engine runs) and ``fold`` (static shape
+arithmetic folded: ``--overwrite-input-shape``); ``static`` says the fix needs static input
+sizes, which ``check --engines`` then asks for (``--overwrite-input-shape``); ``kind`` =
+``wrong`` marks an engine that runs the op with other numbers. A call of a model-local
+function of a custom domain (kept under ``--target ort``) is a gap for each engine the data
+file's ``local_functions`` entry says refuses it.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ CONDITIONS: dict[str | None, str] = {
     "per_channel_mixed_channels": "per-channel weights, input and output channel counts "
                                   "differ",
     "per_column": "per-column `b` scales or zero points",
+    "not_symmetric_int8": "uint8 (or 16-bit) values or a non-zero zero point",
     "antialias": "`antialias=1`", "reduction": "a `reduction` is set",
     "k_from_shape": "K computed from a shape", "size_from_shape": "its limit computed from a shape",
     "cond_is_input": "its condition a graph input",
@@ -142,9 +146,43 @@ def _shape_derived(graph: onnx.GraphProto, constants: dict[str, list[int] | None
     return derived
 
 
+def _constant_tensors(graph: onnx.GraphProto) -> dict[str, onnx.TensorProto]:
+    """The graph's initializers and Constant nodes' ``value`` tensors, by name."""
+    found = {init.name: init for init in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Constant" and norm_domain(node.domain) == "" and node.output:
+            for attribute in node.attribute:
+                if attribute.name == "value":
+                    found[node.output[0]] = attribute.t
+    return found
+
+
+_SIGNED_QUANTIZED = {onnx.TensorProto.INT8, onnx.TensorProto.INT4,
+                     onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E5M2}
+
+
+def _not_symmetric_int8(node: onnx.NodeProto, tensors: dict[str, onnx.TensorProto]) -> bool:
+    """An unblocked Q/DQ whose quantized side is not int8 (or int4/fp8) with zero point 0,
+    as far as the constants tell (a run-time zero point or input type is not judged)."""
+    if any(a.name == "block_size" and a.i for a in node.attribute):
+        return False  # the blocked rows say what holds there
+    if len(node.input) > 2 and node.input[2]:
+        zero = tensors.get(node.input[2])
+        if zero is None:
+            return False
+        return zero.data_type not in _SIGNED_QUANTIZED or bool(
+            onnx.numpy_helper.to_array(zero).astype("float64").any())
+    if node.op_type == "QuantizeLinear":
+        return not any(a.name == "output_dtype" and a.i in _SIGNED_QUANTIZED
+                       for a in node.attribute)
+    data = tensors.get(node.input[0]) if node.input else None
+    return data is not None and data.data_type == onnx.TensorProto.UINT8
+
+
 def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
              constants: dict[str, list[int] | None], derived: set[str] | None = None,
-             graph_inputs: set[str] | None = None, dynamic: bool = False) -> bool:
+             graph_inputs: set[str] | None = None, dynamic: bool = False,
+             tensors: dict[str, onnx.TensorProto] | None = None) -> bool:
     """Whether ``entry``'s gap holds for ``node``: ``derived``, the graph's tensors of
     shape arithmetic; ``graph_inputs``, its run-time inputs; ``dynamic``, whether one of
     the model's inputs has a dynamic dim."""
@@ -170,6 +208,8 @@ def _applies(entry: dict[str, Any], node: onnx.NodeProto, opset: int,
         return any(a.name == "reduction" and a.s not in (b"", b"none") for a in node.attribute)
     if when == "per_channel_mixed_channels":
         return _per_channel_mixed(node, constants)
+    if when == "not_symmetric_int8":  # TensorRT's Q/DQ: int8 with zero point 0
+        return _not_symmetric_int8(node, tensors or {})
     if when == "per_column":  # QLinearMatMul's b_scale, b_zero_point
         return any(len(node.input) > i and bool(constants.get(node.input[i])) and
                    _product(constants[node.input[i]] or []) > 1 for i in (4, 5))
@@ -203,10 +243,12 @@ def gap_nodes(model: onnx.ModelProto, engines: Sequence[str] | None, opset: int 
     graph_inputs = {value.name for value in model.graph.input if value.name not in initialized}
     for graph in all_graphs(model.graph):
         constants = _constants(graph)
+        tensors = _constant_tensors(graph)
         derived = _shape_derived(graph, constants)
         for node in graph.node:
             for row, entry in entries:
-                if _applies(entry, node, opset, constants, derived, graph_inputs, dynamic):
+                if _applies(entry, node, opset, constants, derived, graph_inputs, dynamic,
+                            tensors):
                     yield row, entry, node
 
 

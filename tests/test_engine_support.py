@@ -361,3 +361,41 @@ def test_a_cast_constant_in_a_shape_is_shape_arithmetic():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     gaps = engine_support.engine_gaps(model, ["tvm"])["tvm"]
     assert [(g["op"], g["shape"]) for g in gaps] == [("Reshape", ["x"])]
+
+
+_Q_DQ_CASES = [
+    (np.array(0, np.int8), "QuantizeLinear", False),
+    (np.array(3, np.int8), "QuantizeLinear", True),
+    (np.array(128, np.uint8), "QuantizeLinear", True),
+    (np.array(0, np.uint8), "DequantizeLinear", True),
+    (None, "QuantizeLinear", True),  # no zero point: uint8
+    (np.array(0, np.int8), "DequantizeLinear", False),
+]
+
+
+@pytest.mark.parametrize("zero, op, gap, as_constant_node", [
+    (*case, node) for case in _Q_DQ_CASES for node in (False, True)
+    if case[0] is not None or not node])
+def test_tensorrt_takes_q_dq_in_int8_with_zero_point_zero(zero, op, gap, as_constant_node):
+    """TensorRT's matrix: QuantizeLinear's zero point must be 0, DequantizeLinear takes INT8
+    (FP8, INT4) with zero point 0; what --target tensorrt writes from a uint8 QOperator
+    model (QLinearConv as QDQ) is named, the int8-symmetric form is not."""
+    nodes, initializers = [], [onnx.numpy_helper.from_array(np.array(0.1, np.float32), "s")]
+    names = ["x", "s"]
+    if zero is not None:
+        if as_constant_node:
+            nodes.append(helper.make_node("Constant", [], ["z"],
+                                          value=onnx.numpy_helper.from_array(zero)))
+        else:
+            initializers.append(onnx.numpy_helper.from_array(zero, "z"))
+        names.append("z")
+    quantized = zero.dtype if zero is not None else np.uint8
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(quantized))
+    x_type, y_type = (TensorProto.FLOAT, elem) if op == "QuantizeLinear" else \
+        (elem, TensorProto.FLOAT)
+    nodes.append(helper.make_node(op, names, ["y"]))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", x_type, [4])],
+                              [helper.make_tensor_value_info("y", y_type, [4])], initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    found = [g["op"] for g in engine_support.engine_gaps(model, ["tensorrt"])["tensorrt"]]
+    assert found == ([op] if gap else [])
