@@ -41,7 +41,7 @@ from typing import Any
 
 import onnx
 
-from decomposer.graphs import all_graphs, norm_domain, opset_map
+from decomposer.graphs import all_graphs, all_nodes, norm_domain, opset_map
 
 __all__ = ["contrib_support", "engine_gaps", "gap_nodes", "gaps", "known_engines",
            "majority_table", "majority_wrong", "table"]
@@ -287,11 +287,6 @@ def _input_sources(graph: onnx.GraphProto) -> dict[str, tuple[set[str], set[str]
     return sources
 
 
-def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    for graph in all_graphs(model.graph):
-        yield from graph.node
-
-
 def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
                 ) -> dict[str, list[dict[str, Any]]]:
     """Per engine, the gaps ``model`` hits: ``{"op", "nodes", "lower", "take_down", "fold",
@@ -334,7 +329,7 @@ def engine_gaps(model: onnx.ModelProto | None, engines: Sequence[str]
     # Static sizes pick one branch of an If whose condition a run-time input decides by
     # value (silero-vad's sample rate: the other branch's shapes then fail ONNX's shape
     # inference, measured), so a fix that needs them needs that input frozen too.
-    deciding = {name for node in _all_nodes(model) if node.op_type == "If" and node.input
+    deciding = {name for node in all_nodes(model.graph) if node.op_type == "If" and node.input
                 for name in sources.get(node.input[0], (set(), set()))[0]}
     for key, names in shape.items():
         if entries[key[1]].get("static") and names:
