@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from decomposer.testing import ir_version_for, run_onnxruntime
 
 __all__ = ["make_model", "run_onnxruntime", "op_types", "custom_nodes", "random_integers",
-           "integer_product_model"]
+           "integer_product_model", "save_optimized"]
 
 
 def make_model(nodes, inputs, outputs, opset, *, extra_opsets=(), initializers=(),
@@ -69,3 +69,16 @@ def integer_product_model(op: str, data_dtype, data_dims, weights: np.ndarray,
         [helper.make_tensor_value_info("y", TensorProto.INT32, [None] * out_rank)],
         initializers)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def save_optimized(source, target) -> onnx.ModelProto:
+    """The model at ``source`` as an ONNX Runtime session at ORT_ENABLE_ALL saves it (its
+    contrib and layout-optimized ops: what users bring), written to ``target`` and loaded."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.optimized_model_filepath = str(target)
+    options.log_severity_level = 3
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    return onnx.load(str(target))

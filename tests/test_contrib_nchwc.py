@@ -19,6 +19,8 @@ import decomposer
 from decomposer import engines
 from decomposer.patterns.contrib_nchwc import block_size
 
+from _helpers import save_optimized
+
 
 class Blocks(torch.nn.Module):
     def __init__(self, inputs: int) -> None:
@@ -47,12 +49,7 @@ def _saved(tmp_path, inputs):
     torch.onnx.export(net, (torch.randn(1, inputs, 16, 16),), str(source), opset_version=17,
                       dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(target)
-    options.log_severity_level = 3
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    return net, onnx.load(str(target))
+    return net, save_optimized(source, target)
 
 
 def _run(model, feeds):
@@ -140,12 +137,7 @@ def test_upsample_equals_the_nchwc_kernel_and_torch(tmp_path, align_corners):
     torch.onnx.export(net, (torch.randn(1, 3, 7, 9),), str(source), opset_version=13,
                       dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(target)
-    options.log_severity_level = 3
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    model = onnx.load(str(target))
+    model = save_optimized(source, target)
     upsample = [n for n in model.graph.node if n.op_type == "Upsample"]
     assert [n.domain for n in upsample] == ["com.microsoft.nchwc"]
     out = decomposer.decompose(model)

@@ -26,6 +26,8 @@ import torch
 import decomposer
 from decomposer import engines
 
+from _helpers import save_optimized
+
 F = torch.nn.functional
 
 
@@ -146,12 +148,7 @@ def mobilevit(tmp_path_factory):
     torch.onnx.export(Features().eval(), (torch.randn(1, 3, 64, 64),), str(source),
                       opset_version=17, dynamo=False, input_names=["x"], output_names=["y"],
                       dynamic_axes={"x": {0: "n"}, "y": {0: "n"}})
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(saved)
-    options.log_severity_level = 3
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-    model = onnx.load(str(saved))
+    model = save_optimized(source, saved)
     kinds = collections.Counter(f"{n.domain}:{n.op_type}" for n in model.graph.node)
     if "com.microsoft.nchwc:Conv" not in kinds:
         pytest.skip("this ONNX Runtime wrote no NCHWc Convs (no NCHWc kernels here)")

@@ -36,6 +36,8 @@ from hf_models import bert_qoperator, export_bert
 import decomposer
 from decomposer import engines
 
+from _helpers import save_optimized
+
 
 class SmallCNN(torch.nn.Module):
     def __init__(self) -> None:
@@ -68,14 +70,6 @@ class _Calibration:
         return next(self._feeds, None)
 
 
-def _optimized(source: Path, target: Path) -> None:
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.optimized_model_filepath = str(target)
-    options.log_severity_level = 3
-    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, onnx.ModelProto]:
     from onnxruntime.quantization import (
@@ -99,12 +93,12 @@ def models(tmp_path_factory) -> dict[str, onnx.ModelProto]:
              ("qoperator", "qoperator_all", "qdq16", "dynamic", "dynamic_all")}
     quantize_static(str(float_model), str(paths["qoperator"]), Reader(),
                     quant_format=QuantFormat.QOperator, per_channel=True)
-    _optimized(paths["qoperator"], paths["qoperator_all"])
+    save_optimized(paths["qoperator"], paths["qoperator_all"])
     quantize_static(str(float_model), str(paths["qdq16"]), Reader(),
                     quant_format=QuantFormat.QDQ, activation_type=QuantType.QInt16,
                     weight_type=QuantType.QInt8, extra_options={"UseQDQContribOps": True})
     quantize_dynamic(str(float_model), str(paths["dynamic"]))
-    _optimized(paths["dynamic"], paths["dynamic_all"])
+    save_optimized(paths["dynamic"], paths["dynamic_all"])
     found = {name: onnx.load(str(path)) for name, path in paths.items() if name != "dynamic"}
     found.update(_bert_models(folder))
     return found
@@ -128,7 +122,7 @@ def _bert_models(folder: Path) -> dict[str, onnx.ModelProto]:
     quantize_dynamic(str(optimized), str(dynamic),
                      extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     dynamic_all = folder / "bert_dynamic_all.onnx"
-    _optimized(dynamic, dynamic_all)
+    save_optimized(dynamic, dynamic_all)
     return {"bert_dynamic": onnx.load(str(dynamic)),
             "bert_dynamic_all": onnx.load(str(dynamic_all)),
             "bert_qoperator": bert_qoperator(folder, sequence=8, vocab_size=100,
